@@ -1,0 +1,33 @@
+"""quadjax: a JAX-accelerated, batched, differentiable quadrotor simulator.
+
+Conventions (one set): SI units; world ENU (z up), body FLU; quaternion
+(w, x, y, z) rotating body → world; PX4 Quad X rotor order. Core functions are
+pure and un-jitted: the caller jits the outermost call.
+"""
+
+from quadjax import frames, presets
+from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_implicit_euler_step
+from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
+from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thrusts
+from quadjax.params import QuadParams, params_valid
+from quadjax.state import QuadState
+
+__all__ = [
+    "QuadParams",
+    "QuadState",
+    "INVARIANT_IDS",
+    "derivative",
+    "euler_step",
+    "frames",
+    "ground_contact",
+    "hover_rotor_speed",
+    "hover_state",
+    "hover_thrusts",
+    "invariant_id",
+    "params_valid",
+    "presets",
+    "rk4_step",
+    "semi_implicit_euler_step",
+    "state_valid",
+    "state_violation",
+]

@@ -1,0 +1,239 @@
+"""Vehicle parameters: a pytree of float arrays in SI, checked at the API boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from quadjax._pytree import pytree_dataclass
+
+
+@pytree_dataclass
+class QuadParams:
+    """Physical parameters of one multirotor (or a batch, with leading axes).
+
+    Every field is a float array; nothing derived (J⁻¹, hover speed, arm length)
+    is stored. Build it with :meth:`QuadParams.create`, which checks every field.
+
+    Fields (R rotors):
+        mass: () kg.
+        inertia: (3, 3) kg·m², full, symmetric positive definite, body frame (FLU).
+        rotor_positions: (R, 3) m, rotor hubs in the body frame (FLU).
+        rotor_spins: (R,) +1 counter-clockwise seen from above, −1 clockwise.
+        k_f: () N/(rad/s)², thrust T = k_f ω².
+        k_m: () m, yaw reaction torque per newton of thrust (−spin·k_m·T).
+        motor_tau: () s, first-order rotor lag; 0 means rotors follow the command.
+        omega_min, omega_max: () rad/s, the command clamp.
+        drag_linear: (3,) N/(m/s), body-axis drag on the air-relative velocity.
+        drag_quadratic: (3,) N/(m/s)², body-axis drag ∝ v_b|v_b|.
+        drag_rotational: (3,) N·m/(rad/s), opposing the body rates.
+        rotor_inertia: () kg·m², one rotor about its spin axis (gyroscopic term).
+        k_p: () W/(rad/s)³, electrical power P = Σ k_p ω³.
+        battery_capacity: () J, energy at which the sag is complete.
+        battery_sag: () 1, thrust scale s = 1 − sag·min(E/capacity, 1).
+        ground_z: () m, world height of the ground plane.
+        gravity: () m/s², along world −z.
+        wind: (3,) m/s, world frame (ENU).
+    """
+
+    mass: jax.Array
+    inertia: jax.Array
+    rotor_positions: jax.Array
+    rotor_spins: jax.Array
+    k_f: jax.Array
+    k_m: jax.Array
+    motor_tau: jax.Array
+    omega_min: jax.Array
+    omega_max: jax.Array
+    drag_linear: jax.Array
+    drag_quadratic: jax.Array
+    drag_rotational: jax.Array
+    rotor_inertia: jax.Array
+    k_p: jax.Array
+    battery_capacity: jax.Array
+    battery_sag: jax.Array
+    ground_z: jax.Array
+    gravity: jax.Array
+    wind: jax.Array
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        mass,
+        inertia,
+        rotor_positions,
+        rotor_spins,
+        k_f,
+        k_m,
+        omega_max,
+        motor_tau=0.0,
+        omega_min=0.0,
+        drag_linear=(0.0, 0.0, 0.0),
+        drag_quadratic=(0.0, 0.0, 0.0),
+        drag_rotational=(0.0, 0.0, 0.0),
+        rotor_inertia=0.0,
+        k_p=0.0,
+        battery_capacity=1.0e5,
+        battery_sag=0.0,
+        ground_z=0.0,
+        gravity=9.80665,
+        wind=(0.0, 0.0, 0.0),
+        dtype=None,
+    ) -> "QuadParams":
+        """Checked constructor. Raises ``ValueError`` naming the first bad field.
+
+        ``inertia`` may be given as its diagonal (3,); ``drag_*`` and ``wind``
+        as scalars (broadcast to 3 axes). ``dtype`` defaults to JAX's default
+        float (float32 unless x64 is enabled by the caller).
+        """
+        raw = dict(locals())
+        raw.pop("cls")
+        raw.pop("dtype")
+        dtype = jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype
+        values = {}
+        for name, value in raw.items():
+            try:
+                arr = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"QuadParams.{name}: not a number array ({err})") from None
+            if name == "inertia" and arr.shape == (3,):
+                arr = np.diag(arr)
+            if name in _VECTOR3 and arr.shape == ():
+                arr = np.full(3, float(arr))
+            values[name] = arr
+        _raise_on_bad(values)
+        return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in values.items()})
+
+    @property
+    def num_rotors(self) -> int:
+        """R, the number of rotors (static: read from a shape)."""
+        return self.rotor_spins.shape[-1]
+
+    def astype(self, dtype) -> "QuadParams":
+        """The same parameters in another float dtype."""
+        return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), self)
+
+    def replace(self, **changes) -> "QuadParams":
+        """A copy with some fields replaced (unchecked: use in traced code)."""
+        return dataclasses.replace(self, **changes)
+
+
+_VECTOR3 = ("drag_linear", "drag_quadratic", "drag_rotational", "wind")
+_SCALARS = (
+    "mass", "k_f", "k_m", "motor_tau", "omega_min", "omega_max", "rotor_inertia",
+    "k_p", "battery_capacity", "battery_sag", "ground_z", "gravity",
+)
+
+
+def _shape_errors(p, batch=()):
+    """Field → message for wrongly shaped fields (static; shapes after ``batch``)."""
+    shape = {k: tuple(np.shape(v))[len(batch):] for k, v in p.items()}
+    R = shape["rotor_spins"][0] if len(shape["rotor_spins"]) == 1 else None
+    want = {name: () for name in _SCALARS}
+    want.update({name: (3,) for name in _VECTOR3})
+    want.update(inertia=(3, 3), rotor_spins=(R,) if R else "(R,)", rotor_positions=(R, 3) if R else "(R, 3)")
+    errors = {}
+    for name, expected in want.items():
+        if shape[name] != expected:
+            errors[name] = f"shape {shape[name]}, expected {expected}"
+    return errors
+
+
+def _value_checks(p, xp):
+    """Field → boolean array (True = within bounds), for numpy or jax.numpy ``xp``.
+
+    The bounds are invariant I1: every value finite; mass, k_f, capacity > 0;
+    inertia symmetric positive definite and physical (triangle inequality);
+    spins ±1; k_m, tau, drags, rotor inertia, k_p, gravity ≥ 0;
+    0 ≤ omega_min < omega_max; 0 ≤ sag < 1.
+    """
+    def all_last(ok, n):
+        # reduce the n trailing (component) axes, keep the batch axes
+        return xp.all(ok.reshape(ok.shape[: ok.ndim - n] + (-1,)), axis=-1) if n else ok
+
+    def finite(x, n):
+        return all_last(xp.isfinite(x), n)
+
+    def nonneg(x, n):
+        return all_last(x >= 0, n)
+
+    J = p["inertia"]
+    j00, j11, j22 = J[..., 0, 0], J[..., 1, 1], J[..., 2, 2]
+    j01, j02, j12 = J[..., 0, 1], J[..., 0, 2], J[..., 1, 2]
+    scale = xp.abs(j00) + xp.abs(j11) + xp.abs(j22)
+    sym = (
+        (xp.abs(J[..., 0, 1] - J[..., 1, 0]) <= 1e-6 * scale)
+        & (xp.abs(J[..., 0, 2] - J[..., 2, 0]) <= 1e-6 * scale)
+        & (xp.abs(J[..., 1, 2] - J[..., 2, 1]) <= 1e-6 * scale)
+    )
+    m2 = j00 * j11 - j01 * j01
+    det = j00 * (j11 * j22 - j12 * j12) - j01 * (j01 * j22 - j12 * j02) + j02 * (j01 * j12 - j11 * j02)
+    # principal moments of a rigid body obey the triangle inequality; checked on the diagonal
+    tri = (j00 <= j11 + j22) & (j11 <= j00 + j22) & (j22 <= j00 + j11)
+    spins = p["rotor_spins"]
+    return {
+        "mass": finite(p["mass"], 0) & (p["mass"] > 0),
+        "inertia": finite(J, 2) & sym & (j00 > 0) & (m2 > 0) & (det > 0) & tri,
+        "rotor_positions": finite(p["rotor_positions"], 2),
+        "rotor_spins": xp.all(xp.abs(xp.abs(spins) - 1) == 0, axis=-1),
+        "k_f": finite(p["k_f"], 0) & (p["k_f"] > 0),
+        "k_m": finite(p["k_m"], 0) & nonneg(p["k_m"], 0),
+        "motor_tau": finite(p["motor_tau"], 0) & nonneg(p["motor_tau"], 0),
+        "omega_min": finite(p["omega_min"], 0) & nonneg(p["omega_min"], 0),
+        "omega_max": finite(p["omega_max"], 0) & (p["omega_max"] > p["omega_min"]),
+        "drag_linear": finite(p["drag_linear"], 1) & nonneg(p["drag_linear"], 1),
+        "drag_quadratic": finite(p["drag_quadratic"], 1) & nonneg(p["drag_quadratic"], 1),
+        "drag_rotational": finite(p["drag_rotational"], 1) & nonneg(p["drag_rotational"], 1),
+        "rotor_inertia": finite(p["rotor_inertia"], 0) & nonneg(p["rotor_inertia"], 0),
+        "k_p": finite(p["k_p"], 0) & nonneg(p["k_p"], 0),
+        "battery_capacity": finite(p["battery_capacity"], 0) & (p["battery_capacity"] > 0),
+        "battery_sag": finite(p["battery_sag"], 0) & nonneg(p["battery_sag"], 0) & (p["battery_sag"] < 1),
+        "ground_z": finite(p["ground_z"], 0),
+        "gravity": finite(p["gravity"], 0) & nonneg(p["gravity"], 0),
+        "wind": finite(p["wind"], 1),
+    }
+
+
+_BOUNDS = {
+    "mass": "finite and > 0",
+    "inertia": "finite, symmetric, positive definite, principal moments obeying the triangle inequality",
+    "rotor_positions": "finite",
+    "rotor_spins": "each +1 (CCW) or -1 (CW)",
+    "k_f": "finite and > 0",
+    "omega_max": "finite and > omega_min",
+    "battery_capacity": "finite and > 0",
+    "battery_sag": "finite, in [0, 1)",
+    "ground_z": "finite",
+    "wind": "finite",
+}
+
+
+def _raise_on_bad(values):
+    shape_errors = _shape_errors(values)
+    if shape_errors:
+        name, msg = next(iter(shape_errors.items()))
+        raise ValueError(f"QuadParams.{name}: {msg}")
+    for name, ok in _value_checks(values, np).items():
+        if not np.all(ok):
+            bound = _BOUNDS.get(name, "finite and >= 0")
+            raise ValueError(f"QuadParams.{name} = {values[name].tolist()}: must be {bound}")
+
+
+def params_valid(params: QuadParams) -> jax.Array:
+    """Invariant I1: every parameter has its shape, is finite and within bounds.
+
+    Works under jit and on batched params (leading axes, judged per vehicle):
+    returns a bool array of the batch shape. A wrong shape gives a constant False.
+    """
+    p = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    batch = jnp.shape(p["mass"])
+    if _shape_errors(p, batch):
+        return jnp.zeros(batch, dtype=bool)
+    ok = jnp.ones(batch, dtype=bool)
+    for good in _value_checks({k: jnp.asarray(v) for k, v in p.items()}, jnp).values():
+        ok = ok & good
+    return ok

@@ -1,0 +1,68 @@
+"""Vehicle state: a pytree of float arrays, world frame ENU, body frame FLU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from quadjax._pytree import pytree_dataclass
+
+
+@pytree_dataclass
+class QuadState:
+    """State of one vehicle (or a batch, with leading axes). Also the type of its derivative.
+
+    Fields (R rotors):
+        position: (3,) m, world (ENU, z up).
+        velocity: (3,) m/s, world.
+        attitude: (4,) unit quaternion (w, x, y, z), rotating body (FLU) → world.
+        body_rates: (3,) rad/s, body frame (p, q, r).
+        rotor_speeds: (R,) rad/s, ≥ 0.
+        energy: () J, electrical energy drawn since the start (≥ 0).
+        on_ground: () 1.0 resting on the ground, 0.0 airborne (a float so that
+            the whole state can be differentiated and batched alike).
+    """
+
+    position: jax.Array
+    velocity: jax.Array
+    attitude: jax.Array
+    body_rates: jax.Array
+    rotor_speeds: jax.Array
+    energy: jax.Array
+    on_ground: jax.Array
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        position=(0.0, 0.0, 0.0),
+        velocity=(0.0, 0.0, 0.0),
+        attitude=(1.0, 0.0, 0.0, 0.0),
+        body_rates=(0.0, 0.0, 0.0),
+        rotor_speeds=(0.0, 0.0, 0.0, 0.0),
+        energy=0.0,
+        on_ground=0.0,
+        dtype=None,
+    ) -> "QuadState":
+        """A state from array-likes, at rest at the origin by default."""
+        dtype = jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype
+        fields = dict(
+            position=position, velocity=velocity, attitude=attitude, body_rates=body_rates,
+            rotor_speeds=rotor_speeds, energy=energy, on_ground=on_ground,
+        )
+        return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in fields.items()})
+
+    def replace(self, **changes) -> "QuadState":
+        """A copy with some fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+
+def state_axpy(state: QuadState, h, d: QuadState) -> QuadState:
+    """state + h·d, field by field (the building block of every integrator).
+
+    ``on_ground`` is a discrete flag, not integrated: it is carried unchanged.
+    """
+    out = jax.tree_util.tree_map(lambda x, dx: x + h * dx, state, d)
+    return out.replace(on_ground=state.on_ground)
