@@ -10,6 +10,7 @@ from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_impli
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
 from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thrusts
 from quadjax.params import QuadParams, params_valid
+from quadjax.rollout import rollout
 from quadjax.state import QuadState
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "params_valid",
     "presets",
     "rk4_step",
+    "rollout",
     "semi_implicit_euler_step",
     "state_valid",
     "state_violation",

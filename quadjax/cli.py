@@ -1,0 +1,42 @@
+"""The ``quadjax`` command line: subcommands dispatch to their modules lazily."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand → ("module:function", one-line help); each function takes argv (list[str]) → exit code
+SUBCOMMANDS = {
+    "presets": ("quadjax.cli:presets_main", "list the vehicle presets with their sources"),
+}
+
+
+def presets_main(argv: list[str]) -> int:
+    """``quadjax presets``: one line per preset with its source and hover figures."""
+    argparse.ArgumentParser(prog="quadjax presets", description=presets_main.__doc__).parse_args(argv)
+    from quadjax import hover_rotor_speed
+    from quadjax.presets import PRESETS
+
+    print(f"{'preset':24s} {'mass kg':>8s} {'hover rad/s':>12s} {'omega_max':>10s}  source")
+    for name, (make, source) in PRESETS.items():
+        p = make()
+        w = float(hover_rotor_speed(p).mean())
+        print(f"{name:24s} {float(p.mass):8.3f} {w:12.1f} {float(p.omega_max):10.1f}  {source}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``quadjax`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
+        lines = "\n".join(f"  {name:10s} {help_}" for name, (_, help_) in SUBCOMMANDS.items())
+        print(f"usage: quadjax COMMAND [options]\n\ncommands:\n{lines}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    target, _ = SUBCOMMANDS[argv[0]]
+    module, func = target.split(":")
+    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
