@@ -1,41 +1,69 @@
 """Fixed-step integrators and the ground-contact constraint.
 
 Every stepper maps (params, state, command, dt) → state for one vehicle or a
-batch; the command is held constant over the step (zero-order hold).
+batch; the command is held constant over the step (zero-order hold). Each has a
+component form (``*_c``, see :mod:`quadjax._components`) that rollouts scan with,
+taking split params, state and command and an optional body-frame ``external``
+wrench ``(force, moment)``; :func:`component_stepper` maps a stepper to it.
 """
 
 import jax.numpy as jnp
 
-from quadjax.model import derivative
+from quadjax._components import join, join_state, split, split_params, split_state, total
+from quadjax.model import derivative_c
 from quadjax.params import QuadParams
-from quadjax.quadrotor import clamp_command, has_motor_lag, rotor_thrusts
-from quadjax.quaternion import quat_kinematics, quat_normalize
+from quadjax.quadrotor import clamp_command_c, has_motor_lag, rotor_thrusts_c
+from quadjax.quaternion import quat_kinematics_c, quat_normalize_c
 from quadjax.state import QuadState, state_axpy
 
 
-def _finish(params: QuadParams, before: QuadState, after: QuadState, command) -> QuadState:
-    """Post-step projection shared by every stepper, then ground contact.
+def _finish_c(params: QuadParams, before: QuadState, after: QuadState, command) -> QuadState:
+    """Post-step projection shared by every stepper, then ground contact (components).
 
     Renormalise the attitude (I2); rotors without lag take the clamped command;
     rotor speeds are kept in [0, ω_max] and energy ≥ 0 (I3), which a stiff
     motor lag (dt > 2.8 τ under RK4) would otherwise break.
     """
-    instant = clamp_command(params, command)
-    rotors = jnp.where(has_motor_lag(params)[..., None], after.rotor_speeds, instant)
-    rotors = jnp.clip(rotors, 0.0, params.omega_max[..., None])
+    lag = has_motor_lag(params)
+    rotors = tuple(
+        jnp.clip(jnp.where(lag, w, u), 0.0, params.omega_max)
+        for w, u in zip(after.rotor_speeds, clamp_command_c(params, command))
+    )
     after = after.replace(
-        attitude=quat_normalize(after.attitude),
+        attitude=quat_normalize_c(after.attitude),
         rotor_speeds=rotors,
         energy=jnp.maximum(after.energy, 0.0),
     )
-    return ground_contact(params, before, after)
+    return ground_contact_c(params, before, after)
+
+
+def vertical_thrust_c(params: QuadParams, state: QuadState):
+    """R₃₃(q) ΣTᵢ on a state in component form."""
+    _, x, y, _ = state.attitude
+    r33 = 1.0 - 2.0 * (x * x + y * y)
+    return r33 * total(rotor_thrusts_c(params, state.rotor_speeds, state.energy))
 
 
 def vertical_thrust(params: QuadParams, state: QuadState):
     """World-vertical component of the rotor thrust [N]: R₃₃(q) ΣTᵢ."""
-    x, y = state.attitude[..., 1], state.attitude[..., 2]
-    r33 = 1.0 - 2.0 * (x * x + y * y)
-    return r33 * jnp.sum(rotor_thrusts(params, state.rotor_speeds, state.energy), axis=-1)
+    return vertical_thrust_c(params, split_state(state))
+
+
+def ground_contact_c(params: QuadParams, before: QuadState, after: QuadState) -> QuadState:
+    """:func:`ground_contact` on states in component form."""
+    weight = params.mass * params.gravity
+    stays = (before.on_ground > 0.5) & (vertical_thrust_c(params, after) <= weight)
+    lands = (~stays) & (after.position[2] <= params.ground_z)
+    grounded = stays | lands
+    px, py, pz = after.position
+    landed = (px, py, jnp.where(lands, params.ground_z, pz))
+    return after.replace(
+        position=tuple(jnp.where(stays, b, a) for b, a in zip(before.position, landed)),
+        velocity=tuple(jnp.where(grounded, 0.0, v) for v in after.velocity),
+        attitude=tuple(jnp.where(stays, b, a) for b, a in zip(before.attitude, after.attitude)),
+        body_rates=tuple(jnp.where(grounded, 0.0, w) for w in after.body_rates),
+        on_ground=grounded.astype(jnp.result_type(after.on_ground)),
+    )
 
 
 def ground_contact(params: QuadParams, before: QuadState, after: QuadState) -> QuadState:
@@ -46,26 +74,55 @@ def ground_contact(params: QuadParams, before: QuadState, after: QuadState) -> Q
     it, it lifts off. A vehicle that ends a step below ``ground_z`` stops there:
     z = ground_z, velocity and body rates zero, ``on_ground`` = 1.
     """
-    weight = params.mass * params.gravity
-    stays = (before.on_ground > 0.5) & (vertical_thrust(params, after) <= weight)
-    lands = (~stays) & (after.position[..., 2] <= params.ground_z)
-    grounded = stays | lands
-    col = grounded[..., None]
-    landed_pos = after.position.at[..., 2].set(jnp.where(lands, params.ground_z, after.position[..., 2]))
-    position = jnp.where(stays[..., None], before.position, landed_pos)
-    attitude = jnp.where(stays[..., None], before.attitude, after.attitude)
-    return after.replace(
-        position=position,
-        velocity=jnp.where(col, 0.0, after.velocity),
-        attitude=attitude,
-        body_rates=jnp.where(col, 0.0, after.body_rates),
-        on_ground=grounded.astype(after.on_ground.dtype),
+    return join_state(ground_contact_c(params, split_state(before), split_state(after)))
+
+
+def euler_step_c(params: QuadParams, state: QuadState, command, dt, external=None) -> QuadState:
+    """:func:`euler_step` in component form."""
+    d = derivative_c(params, state, command, external)
+    return _finish_c(params, state, state_axpy(state, dt, d), command)
+
+
+def semi_implicit_euler_step_c(params: QuadParams, state: QuadState, command, dt, external=None) -> QuadState:
+    """:func:`semi_implicit_euler_step` in component form."""
+    d = derivative_c(params, state, command, external)
+    velocity = tuple(v + dt * a for v, a in zip(state.velocity, d.velocity))
+    body_rates = tuple(w + dt * a for w, a in zip(state.body_rates, d.body_rates))
+    after = state.replace(
+        position=tuple(p + dt * v for p, v in zip(state.position, velocity)),
+        velocity=velocity,
+        attitude=tuple(q + dt * r for q, r in zip(state.attitude, quat_kinematics_c(state.attitude, body_rates))),
+        body_rates=body_rates,
+        rotor_speeds=tuple(w + dt * r for w, r in zip(state.rotor_speeds, d.rotor_speeds)),
+        energy=state.energy + dt * d.energy,
     )
+    return _finish_c(params, state, after, command)
+
+
+def rk4_step_c(params: QuadParams, state: QuadState, command, dt, external=None) -> QuadState:
+    """:func:`rk4_step` in component form."""
+    half = 0.5 * dt
+    k1 = derivative_c(params, state, command, external)
+    k2 = derivative_c(params, state_axpy(state, half, k1), command, external)
+    k3 = derivative_c(params, state_axpy(state, half, k2), command, external)
+    k4 = derivative_c(params, state_axpy(state, dt, k3), command, external)
+    after = state_axpy(state, dt / 6.0, k1)
+    after = state_axpy(after, dt / 3.0, k2)
+    after = state_axpy(after, dt / 3.0, k3)
+    after = state_axpy(after, dt / 6.0, k4)
+    return _finish_c(params, state, after, command)
+
+
+def _array_form(step_c):
+    def step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
+        return join_state(step_c(split_params(params), split_state(state), split(command), dt))
+
+    return step
 
 
 def euler_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
     """Explicit Euler: x' = x + dt f(x). First order."""
-    return _finish(params, state, state_axpy(state, dt, derivative(params, state, command)), command)
+    return _array_form(euler_step_c)(params, state, command, dt)
 
 
 def semi_implicit_euler_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
@@ -75,18 +132,7 @@ def semi_implicit_euler_step(params: QuadParams, state: QuadState, command, dt) 
     the new velocities, p' = p + dt v', q' = q + dt ½ q ⊗ (0, ω'). Rotor speeds
     and energy step explicitly.
     """
-    d = derivative(params, state, command)
-    velocity = state.velocity + dt * d.velocity
-    body_rates = state.body_rates + dt * d.body_rates
-    after = state.replace(
-        position=state.position + dt * velocity,
-        velocity=velocity,
-        attitude=state.attitude + dt * quat_kinematics(state.attitude, body_rates),
-        body_rates=body_rates,
-        rotor_speeds=state.rotor_speeds + dt * d.rotor_speeds,
-        energy=state.energy + dt * d.energy,
-    )
-    return _finish(params, state, after, command)
+    return _array_form(semi_implicit_euler_step_c)(params, state, command, dt)
 
 
 def rk4_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
@@ -95,13 +141,39 @@ def rk4_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
     k₁ = f(x), k₂ = f(x + dt/2 k₁), k₃ = f(x + dt/2 k₂), k₄ = f(x + dt k₃),
     x' = x + dt/6 (k₁ + 2k₂ + 2k₃ + k₄).
     """
-    half = 0.5 * dt
-    k1 = derivative(params, state, command)
-    k2 = derivative(params, state_axpy(state, half, k1), command)
-    k3 = derivative(params, state_axpy(state, half, k2), command)
-    k4 = derivative(params, state_axpy(state, dt, k3), command)
-    after = state_axpy(state, dt / 6.0, k1)
-    after = state_axpy(after, dt / 3.0, k2)
-    after = state_axpy(after, dt / 3.0, k3)
-    after = state_axpy(after, dt / 6.0, k4)
-    return _finish(params, state, after, command)
+    return _array_form(rk4_step_c)(params, state, command, dt)
+
+
+#: the library's steppers and their component forms
+COMPONENT_STEPPERS = {
+    euler_step: euler_step_c,
+    semi_implicit_euler_step: semi_implicit_euler_step_c,
+    rk4_step: rk4_step_c,
+}
+
+#: steppers by name, for options and repro files
+STEPPERS = {"euler": euler_step, "semi_implicit_euler": semi_implicit_euler_step, "rk4": rk4_step}
+
+
+def component_stepper(step):
+    """The component form of ``step``: a library stepper's own, else a wrapper that joins,
+    calls the array-form ``step`` and splits (correct for any stepper, without the speed-up;
+    it takes no ``external`` wrench)."""
+    if step in COMPONENT_STEPPERS:
+        return COMPONENT_STEPPERS[step]
+
+    def wrapped(params, state, command, dt, external=None):
+        if external is not None:
+            raise ValueError("an external wrench needs one of the library's steppers (euler, semi-implicit, rk4)")
+        full = params.replace(
+            inertia=jnp.stack([join(r) for r in params.inertia], axis=-2),
+            rotor_positions=jnp.stack([join(r) for r in params.rotor_positions], axis=-2),
+            rotor_spins=join(params.rotor_spins),
+            drag_linear=join(params.drag_linear),
+            drag_quadratic=join(params.drag_quadratic),
+            drag_rotational=join(params.drag_rotational),
+            wind=join(params.wind),
+        )
+        return split_state(step(full, join_state(state), join(command), dt))
+
+    return wrapped

@@ -2,15 +2,44 @@
 
 import jax.numpy as jnp
 
+from quadjax._components import join_state, split, split_params, split_state
 from quadjax.params import QuadParams
 from quadjax.quadrotor import (
-    body_wrench,
-    effective_rotor_speeds,
-    energy_rate,
-    rotor_speed_derivative,
+    body_wrench_c,
+    effective_rotor_speeds_c,
+    energy_rate_c,
+    rotor_speed_derivative_c,
 )
-from quadjax.rigid_body import rigid_body_derivative
+from quadjax.rigid_body import rigid_body_derivative_c
 from quadjax.state import QuadState
+
+
+def derivative_c(params: QuadParams, state: QuadState, command, external=None) -> QuadState:
+    """:func:`derivative` in component form (params, state and command split).
+
+    ``external``: optional ``(force, moment)`` body-frame wrench [N], [N·m] in
+    component form, added to the vehicle's own (a disturbance or a payload).
+    """
+    rotors = effective_rotor_speeds_c(params, state.rotor_speeds, command)
+    force, moment = body_wrench_c(
+        params, state.attitude, state.velocity, state.body_rates, rotors, state.energy
+    )
+    if external is not None:
+        force = tuple(a + b for a, b in zip(force, external[0]))
+        moment = tuple(a + b for a, b in zip(moment, external[1]))
+    p_dot, v_dot, q_dot, w_dot = rigid_body_derivative_c(
+        params.mass, params.inertia, params.gravity, state.attitude, state.velocity,
+        state.body_rates, force, moment,
+    )
+    return QuadState(
+        position=p_dot,
+        velocity=v_dot,
+        attitude=q_dot,
+        body_rates=w_dot,
+        rotor_speeds=rotor_speed_derivative_c(params, state.rotor_speeds, command),
+        energy=energy_rate_c(params, rotors),
+        on_ground=jnp.zeros_like(state.on_ground),
+    )
 
 
 def derivative(params: QuadParams, state: QuadState, command) -> QuadState:
@@ -31,23 +60,7 @@ def derivative(params: QuadParams, state: QuadState, command) -> QuadState:
     Returns a :class:`QuadState` of rates (``on_ground`` rate is 0; ground
     contact is a constraint applied by the steppers, not a force).
     """
-    rotors = effective_rotor_speeds(params, state.rotor_speeds, command)
-    force, moment = body_wrench(
-        params, state.attitude, state.velocity, state.body_rates, rotors, state.energy
-    )
-    p_dot, v_dot, q_dot, w_dot = rigid_body_derivative(
-        params.mass, params.inertia, params.gravity, state.attitude, state.velocity,
-        state.body_rates, force, moment,
-    )
-    return QuadState(
-        position=p_dot,
-        velocity=v_dot,
-        attitude=q_dot,
-        body_rates=w_dot,
-        rotor_speeds=rotor_speed_derivative(params, state.rotor_speeds, command),
-        energy=energy_rate(params, rotors),
-        on_ground=jnp.zeros_like(state.on_ground),
-    )
+    return join_state(derivative_c(split_params(params), split_state(state), split(command)))
 
 
 def hover_thrusts(params: QuadParams):

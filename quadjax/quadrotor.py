@@ -2,23 +2,27 @@
 
 Each function is one effect; :func:`quadjax.derivative` composes them with the
 rigid body. R rotors, any layout; arrays may carry leading batch axes (scalar
-parameters then carry the same batch shape).
+parameters then carry the same batch shape). The ``*_c`` functions are the component
+form (:mod:`quadjax._components`) used by the steppers: they take parameters from
+:func:`quadjax._components.split_params` and per-rotor values as tuples of R arrays.
+The array forms split, call them and join.
 """
 
 import jax.numpy as jnp
 
+from quadjax._components import join, split, split_params, total
 from quadjax.params import QuadParams
-from quadjax.quaternion import quat_rotate_inverse
+from quadjax.quaternion import quat_rotate_inverse_c
 
 
-def _per_rotor(x):
-    """A per-vehicle scalar (...,) broadcast against a per-rotor array (..., R)."""
-    return jnp.asarray(x)[..., None]
+def clamp_command_c(params: QuadParams, command):
+    """uᶜᵢ = clamp(uᵢ, ω_min, ω_max) on components."""
+    return tuple(jnp.clip(u, params.omega_min, params.omega_max) for u in command)
 
 
 def clamp_command(params: QuadParams, command):
     """uᶜ = clamp(u, ω_min, ω_max) [rad/s]: what the motor controller accepts."""
-    return jnp.clip(command, _per_rotor(params.omega_min), _per_rotor(params.omega_max))
+    return join(clamp_command_c(params, split(command)))
 
 
 def has_motor_lag(params: QuadParams):
@@ -26,17 +30,30 @@ def has_motor_lag(params: QuadParams):
     return params.motor_tau > 0
 
 
+def rotor_speed_derivative_c(params: QuadParams, rotor_speeds, command):
+    """ω̇ᵢ = (clamp(uᵢ) − ωᵢ) / τ on components; 0 where τ = 0."""
+    lag = has_motor_lag(params)
+    inv_tau = 1.0 / jnp.where(lag, params.motor_tau, 1.0)  # a safe divisor keeps grad finite at τ = 0
+    return tuple(
+        jnp.where(lag, (u - w) * inv_tau, 0.0)
+        for u, w in zip(clamp_command_c(params, command), rotor_speeds)
+    )
+
+
 def rotor_speed_derivative(params: QuadParams, rotor_speeds, command):
     """ω̇ᵢ = (clamp(uᵢ) − ωᵢ) / τ [rad/s²]; 0 where τ = 0 (rotors follow instantly)."""
+    return join(rotor_speed_derivative_c(split_params(params), split(rotor_speeds), split(command)))
+
+
+def effective_rotor_speeds_c(params: QuadParams, rotor_speeds, command):
+    """The rotor speeds that make thrust, on components."""
     lag = has_motor_lag(params)
-    tau = jnp.where(lag, params.motor_tau, 1.0)  # a safe divisor keeps grad finite at τ = 0
-    rate = (clamp_command(params, command) - rotor_speeds) / _per_rotor(tau)
-    return jnp.where(_per_rotor(lag), rate, 0.0)
+    return tuple(jnp.where(lag, w, u) for w, u in zip(rotor_speeds, clamp_command_c(params, command)))
 
 
 def effective_rotor_speeds(params: QuadParams, rotor_speeds, command):
     """The rotor speeds that make thrust: the state's where τ > 0, else the clamped command."""
-    return jnp.where(_per_rotor(has_motor_lag(params)), rotor_speeds, clamp_command(params, command))
+    return join(effective_rotor_speeds_c(split_params(params), split(rotor_speeds), split(command)))
 
 
 def battery_scale(params: QuadParams, energy):
@@ -44,14 +61,33 @@ def battery_scale(params: QuadParams, energy):
     return 1.0 - params.battery_sag * jnp.minimum(energy / params.battery_capacity, 1.0)
 
 
+def rotor_thrusts_c(params: QuadParams, rotor_speeds, energy):
+    """Tᵢ = s · k_f · ωᵢ² on components."""
+    c = battery_scale(params, energy) * params.k_f
+    return tuple(c * w * w for w in rotor_speeds)
+
+
 def rotor_thrusts(params: QuadParams, rotor_speeds, energy):
     """Tᵢ = s · k_f · ωᵢ² [N], along body +z."""
-    return _per_rotor(battery_scale(params, energy) * params.k_f) * rotor_speeds * rotor_speeds
+    return join(rotor_thrusts_c(params, split(rotor_speeds), energy))
+
+
+def energy_rate_c(params: QuadParams, rotor_speeds):
+    """Ė = Σ k_p ωᵢ³ on components."""
+    return params.k_p * total(tuple(w * w * w for w in rotor_speeds))
 
 
 def energy_rate(params: QuadParams, rotor_speeds):
     """Ė = Σ k_p ωᵢ³ [W]: electrical power drawn by the rotors."""
-    return params.k_p * jnp.sum(rotor_speeds * rotor_speeds * rotor_speeds, axis=-1)
+    return energy_rate_c(params, split(rotor_speeds))
+
+
+def aero_drag_force_c(params: QuadParams, attitude, velocity):
+    """F_d = −D_lin ⊙ v_b − D_quad ⊙ v_b ⊙ |v_b| on components (params split)."""
+    v_b = quat_rotate_inverse_c(attitude, tuple(v - w for v, w in zip(velocity, params.wind)))
+    return tuple(
+        -dl * v - dq * v * jnp.abs(v) for dl, dq, v in zip(params.drag_linear, params.drag_quadratic, v_b)
+    )
 
 
 def aero_drag_force(params: QuadParams, attitude, velocity):
@@ -59,15 +95,27 @@ def aero_drag_force(params: QuadParams, attitude, velocity):
 
     v_b = Rᵀ (v − wind) is the air-relative velocity in the body frame.
     """
-    v_b = quat_rotate_inverse(attitude, velocity - params.wind)
-    return -params.drag_linear * v_b - params.drag_quadratic * v_b * jnp.abs(v_b)
+    return join(aero_drag_force_c(split_params(params), split(attitude), split(velocity)))
+
+
+def thrust_force_c(thrusts):
+    """(0, 0, ΣTᵢ) on components."""
+    t = total(thrusts)
+    zero = jnp.zeros_like(t)
+    return (zero, zero, t)
 
 
 def thrust_force(thrusts):
     """(0, 0, ΣTᵢ) [N], body frame: every rotor pushes along body +z."""
-    total = jnp.sum(thrusts, axis=-1)
-    zero = jnp.zeros_like(total)
-    return jnp.stack([zero, zero, total], axis=-1)
+    return join(thrust_force_c(split(thrusts)))
+
+
+def rotor_moment_c(params: QuadParams, thrusts):
+    """Σ rᵢ × (0, 0, Tᵢ) + (0, 0, −spinᵢ k_m Tᵢ) on components (params split)."""
+    roll = total(tuple(r[1] * t for r, t in zip(params.rotor_positions, thrusts)))
+    pitch = -total(tuple(r[0] * t for r, t in zip(params.rotor_positions, thrusts)))
+    yaw = -params.k_m * total(tuple(s * t for s, t in zip(params.rotor_spins, thrusts)))
+    return (roll, pitch, yaw)
 
 
 def rotor_moment(params: QuadParams, thrusts):
@@ -75,32 +123,49 @@ def rotor_moment(params: QuadParams, thrusts):
 
     The first term is (Σ yᵢTᵢ, −Σ xᵢTᵢ, 0); a CCW rotor (spin +1) pushes the body CW.
     """
-    x, y = params.rotor_positions[..., 0], params.rotor_positions[..., 1]
-    roll = jnp.sum(y * thrusts, axis=-1)
-    pitch = -jnp.sum(x * thrusts, axis=-1)
-    yaw = -params.k_m * jnp.sum(params.rotor_spins * thrusts, axis=-1)
-    return jnp.stack([roll, pitch, yaw], axis=-1)
+    return join(rotor_moment_c(split_params(params), split(thrusts)))
+
+
+def rotational_drag_moment_c(params: QuadParams, body_rates):
+    """−A_r ⊙ ω on components (params split)."""
+    return tuple(-a * w for a, w in zip(params.drag_rotational, body_rates))
 
 
 def rotational_drag_moment(params: QuadParams, body_rates):
     """−A_r ⊙ ω [N·m], body frame."""
-    return -params.drag_rotational * body_rates
+    return join(rotational_drag_moment_c(split_params(params), split(body_rates)))
+
+
+def gyroscopic_moment_c(params: QuadParams, rotor_speeds, body_rates):
+    """−ω × (0, 0, h) = (−q h, p h, 0) on components (params split)."""
+    h = params.rotor_inertia * total(tuple(s * w for s, w in zip(params.rotor_spins, rotor_speeds)))
+    p, q = body_rates[0], body_rates[1]
+    return (-q * h, p * h, jnp.zeros_like(h))
 
 
 def gyroscopic_moment(params: QuadParams, rotor_speeds, body_rates):
     """−ω × (0, 0, h) = (−q h, p h, 0) [N·m], h = I_R Σ spinᵢ ωᵢ the rotors' angular momentum."""
-    h = params.rotor_inertia * jnp.sum(params.rotor_spins * rotor_speeds, axis=-1)
-    p, q = body_rates[..., 0], body_rates[..., 1]
-    return jnp.stack([-q * h, p * h, jnp.zeros_like(h)], axis=-1)
+    return join(gyroscopic_moment_c(split_params(params), split(rotor_speeds), split(body_rates)))
+
+
+def body_wrench_c(params: QuadParams, attitude, velocity, body_rates, rotor_speeds, energy):
+    """Body-frame force and moment on components (params split)."""
+    thrusts = rotor_thrusts_c(params, rotor_speeds, energy)
+    force = tuple(a + b for a, b in zip(thrust_force_c(thrusts), aero_drag_force_c(params, attitude, velocity)))
+    moment = tuple(
+        a + b + c
+        for a, b, c in zip(
+            rotor_moment_c(params, thrusts),
+            rotational_drag_moment_c(params, body_rates),
+            gyroscopic_moment_c(params, rotor_speeds, body_rates),
+        )
+    )
+    return force, moment
 
 
 def body_wrench(params: QuadParams, attitude, velocity, body_rates, rotor_speeds, energy):
     """Body-frame force [N] (thrust + drag, no weight) and moment [N·m] on the vehicle."""
-    thrusts = rotor_thrusts(params, rotor_speeds, energy)
-    force = thrust_force(thrusts) + aero_drag_force(params, attitude, velocity)
-    moment = (
-        rotor_moment(params, thrusts)
-        + rotational_drag_moment(params, body_rates)
-        + gyroscopic_moment(params, rotor_speeds, body_rates)
+    force, moment = body_wrench_c(
+        split_params(params), split(attitude), split(velocity), split(body_rates), split(rotor_speeds), energy
     )
-    return force, moment
+    return join(force), join(moment)

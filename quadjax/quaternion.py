@@ -1,37 +1,63 @@
-"""Quaternion algebra on trailing axes, scalar first (w, x, y, z).
+"""Quaternion algebra, scalar first (w, x, y, z).
 
-Every function works on a single quaternion ``(4,)`` or on any leading batch
-shape ``(..., 4)``; vectors are ``(..., 3)``. Written component by component:
-small stacks and matmuls inside vmapped code cost more than the arithmetic
-(GUIDE §3).
+Each hot operation has a component form (``*_c``: tuples of arrays, see
+:mod:`quadjax._components`) that the steppers use, and an array form on trailing
+axes, a single quaternion ``(4,)`` or any leading batch shape ``(..., 4)``; vectors
+are ``(..., 3)``. Written component by component: small stacks and matmuls inside
+vmapped code cost more than the arithmetic (GUIDE §3).
 """
 
 import jax.numpy as jnp
 
+from quadjax._components import cross_c, join, split
+
+
+def quat_multiply_c(a, b):
+    """Hamilton product a ⊗ b on components (w, x, y, z)."""
+    aw, ax, ay, az = a
+    bw, bx, by, bz = b
+    return (
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+    )
+
 
 def quat_multiply(a, b):
     """Hamilton product a ⊗ b. a, b: (..., 4) → (..., 4)."""
-    aw, ax, ay, az = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
-    bw, bx, by, bz = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
-    return jnp.stack(
-        [
-            aw * bw - ax * bx - ay * by - az * bz,
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw,
-        ],
-        axis=-1,
-    )
+    return join(quat_multiply_c(split(a), split(b)))
+
+
+def quat_conjugate_c(q):
+    """q* = (w, −x, −y, −z) on components."""
+    w, x, y, z = q
+    return (w, -x, -y, -z)
 
 
 def quat_conjugate(q):
     """q* = (w, −x, −y, −z): the inverse rotation of a unit quaternion."""
-    return q * jnp.asarray([1, -1, -1, -1], dtype=q.dtype)
+    return join(quat_conjugate_c(split(q)))
+
+
+def quat_normalize_c(q):
+    """q / ‖q‖ on components. Pre: q ≠ 0."""
+    w, x, y, z = q
+    n = jnp.sqrt(w * w + x * x + y * y + z * z)
+    return (w / n, x / n, y / n, z / n)
 
 
 def quat_normalize(q):
     """q / ‖q‖. Pre: q ≠ 0 (a unit quaternion from a valid state)."""
-    return q / jnp.sqrt(jnp.sum(q * q, axis=-1, keepdims=True))
+    return join(quat_normalize_c(split(q)))
+
+
+def quat_rotate_c(q, v):
+    """R(q) v on components: v' = v + w t + u × t, t = 2 u × v, u = (x, y, z). Exact for unit q."""
+    w, u = q[0], q[1:]
+    t = tuple(2.0 * c for c in cross_c(u, v))
+    ut = cross_c(u, t)
+    return tuple(vi + w * ti + ci for vi, ti, ci in zip(v, t, ut))
 
 
 def quat_rotate(q, v):
@@ -39,15 +65,17 @@ def quat_rotate(q, v):
 
     Uses v' = v + 2w (u × v) + 2 u × (u × v), u = (x, y, z); exact for unit q.
     """
-    w = q[..., 0:1]
-    u = q[..., 1:4]
-    t = 2.0 * jnp.cross(u, v)
-    return v + w * t + jnp.cross(u, t)
+    return join(quat_rotate_c(split(q), split(v)))
+
+
+def quat_rotate_inverse_c(q, v):
+    """R(q)ᵀ v on components."""
+    return quat_rotate_c(quat_conjugate_c(q), v)
 
 
 def quat_rotate_inverse(q, v):
     """Rotate world vector v into the body frame: R(q)ᵀ v."""
-    return quat_rotate(quat_conjugate(q), v)
+    return join(quat_rotate_inverse_c(split(q), split(v)))
 
 
 def quat_to_matrix(q):
@@ -61,10 +89,15 @@ def quat_to_matrix(q):
     return jnp.stack([jnp.stack(r, axis=-1) for r in rows], axis=-2)
 
 
+def quat_kinematics_c(q, body_rates):
+    """q̇ = ½ q ⊗ (0, ω) on components."""
+    p, r, s = body_rates
+    return tuple(0.5 * c for c in quat_multiply_c(q, (0.0, p, r, s)))
+
+
 def quat_kinematics(q, body_rates):
     """q̇ = ½ q ⊗ (0, ω) for body rates ω [rad/s]. (..., 4), (..., 3) → (..., 4)."""
-    zero = jnp.zeros_like(body_rates[..., :1])
-    return 0.5 * quat_multiply(q, jnp.concatenate([zero, body_rates], axis=-1))
+    return join(quat_kinematics_c(split(q), split(body_rates)))
 
 
 def quat_from_axis_angle(axis, angle):

@@ -2,40 +2,57 @@
 
 A vehicle supplies a body-frame force and moment; everything here holds for any
 vehicle (GUIDE §4: a new vehicle is a new force model, not a fork of this).
-Functions work on one body or on leading batch axes.
+Functions work on one body or on leading batch axes. The ``*_c`` functions are the
+component form (:mod:`quadjax._components`) that the steppers use; J is then a tuple of
+three rows.
 """
 
-import jax.numpy as jnp
+from quadjax._components import cross_c, dot_c, join, split, split_matrix
+from quadjax.quaternion import quat_kinematics_c, quat_rotate_c
 
-from quadjax.quaternion import quat_kinematics, quat_rotate
 
-
-def solve_inertia(J, b):
-    """x = J⁻¹ b for a 3×3 inertia J (..., 3, 3) and b (..., 3), by the adjugate.
-
-    Closed form, written out: cheaper than a batched LU for 3×3 and smooth for grad.
-    """
-    a, bb, c = J[..., 0, 0], J[..., 0, 1], J[..., 0, 2]
-    d, e, f = J[..., 1, 0], J[..., 1, 1], J[..., 1, 2]
-    g, h, i = J[..., 2, 0], J[..., 2, 1], J[..., 2, 2]
+def solve_inertia_c(J, b):
+    """x = J⁻¹ b on components, by the adjugate (closed form: cheap for 3×3, smooth for grad)."""
+    (a, bb, c), (d, e, f), (g, h, i) = J
     A, B, C = e * i - f * h, f * g - d * i, d * h - e * g
     det = a * A + bb * B + c * C
-    x0, x1, x2 = b[..., 0], b[..., 1], b[..., 2]
+    x0, x1, x2 = b
     r0 = A * x0 + (c * h - bb * i) * x1 + (bb * f - c * e) * x2
     r1 = B * x0 + (a * i - c * g) * x1 + (c * d - a * f) * x2
     r2 = C * x0 + (bb * g - a * h) * x1 + (a * e - bb * d) * x2
-    return jnp.stack([r0, r1, r2], axis=-1) / det[..., None]
+    return (r0 / det, r1 / det, r2 / det)
+
+
+def solve_inertia(J, b):
+    """x = J⁻¹ b for a 3×3 inertia J (..., 3, 3) and b (..., 3), by the adjugate."""
+    return join(solve_inertia_c(split_matrix(J), split(b)))
+
+
+def inertia_times_c(J, w):
+    """J w on components."""
+    return tuple(dot_c(row, w) for row in J)
 
 
 def inertia_times(J, w):
     """J w for J (..., 3, 3), w (..., 3), written out."""
-    return jnp.sum(J * w[..., None, :], axis=-1)
+    return join(inertia_times_c(split_matrix(J), split(w)))
+
+
+def angular_acceleration_c(J, body_rates, moment):
+    """ω̇ = J⁻¹ (M − ω × J ω) on components."""
+    gyro = cross_c(body_rates, inertia_times_c(J, body_rates))
+    return solve_inertia_c(J, tuple(m - g for m, g in zip(moment, gyro)))
 
 
 def angular_acceleration(J, body_rates, moment):
     """Euler's equation ω̇ = J⁻¹ (M − ω × J ω) [rad/s²]; J in kg·m², M in N·m, body frame."""
-    gyro = jnp.cross(body_rates, inertia_times(J, body_rates))
-    return solve_inertia(J, moment - gyro)
+    return join(angular_acceleration_c(split_matrix(J), split(body_rates), split(moment)))
+
+
+def linear_acceleration_c(mass, gravity, attitude, body_force):
+    """v̇ = R(q) F_b / m − g e_z on components."""
+    ax, ay, az = quat_rotate_c(attitude, body_force)
+    return (ax / mass, ay / mass, az / mass - gravity)
 
 
 def linear_acceleration(mass, gravity, attitude, body_force):
@@ -43,8 +60,17 @@ def linear_acceleration(mass, gravity, attitude, body_force):
 
     mass [kg], gravity [m/s²], body_force [N] in the body frame (everything but weight).
     """
-    a = quat_rotate(attitude, body_force) / mass[..., None]
-    return a - jnp.stack([jnp.zeros_like(gravity), jnp.zeros_like(gravity), gravity], axis=-1)
+    return join(linear_acceleration_c(mass, gravity, split(attitude), split(body_force)))
+
+
+def rigid_body_derivative_c(mass, inertia, gravity, attitude, velocity, body_rates, body_force, moment):
+    """(ṗ, v̇, q̇, ω̇) on components; ``inertia`` is a tuple of three rows."""
+    return (
+        velocity,
+        linear_acceleration_c(mass, gravity, attitude, body_force),
+        quat_kinematics_c(attitude, body_rates),
+        angular_acceleration_c(inertia, body_rates, moment),
+    )
 
 
 def rigid_body_derivative(mass, inertia, gravity, attitude, velocity, body_rates, body_force, moment):
@@ -52,9 +78,8 @@ def rigid_body_derivative(mass, inertia, gravity, attitude, velocity, body_rates
 
     ṗ = v;  v̇ = R(q) F_b / m − g e_z;  q̇ = ½ q ⊗ (0, ω);  ω̇ = J⁻¹ (M − ω × J ω).
     """
-    return (
-        velocity,
-        linear_acceleration(mass, gravity, attitude, body_force),
-        quat_kinematics(attitude, body_rates),
-        angular_acceleration(inertia, body_rates, moment),
+    out = rigid_body_derivative_c(
+        mass, split_matrix(inertia), gravity, split(attitude), split(velocity), split(body_rates),
+        split(body_force), split(moment),
     )
+    return tuple(join(x) for x in out)

@@ -1,0 +1,98 @@
+"""Component form: a (..., k) array held as a tuple of k arrays (...,), one per component.
+
+The physics is written once, on components (functions named ``*_c``): a quaternion is
+``(w, x, y, z)``, a vector ``(x, y, z)``, per-rotor values a tuple of R arrays. The
+public array form (trailing component axes, ``(..., 3)``) splits its arguments, calls
+the component form and joins the result. Rollouts split once, step the component form
+for the whole horizon and join only what they save.
+
+Why: inside a jitted, vmapped step, XLA then sees only element-wise arithmetic on
+vehicle-shaped arrays (N,), which it fuses and vectorises across vehicles. The array
+form's slices, small stacks and size-3/4 reductions inside the step cost ~10–20× the
+arithmetic (GUIDE §3; measured in benchmarks/RESULTS.md).
+"""
+
+import jax.numpy as jnp
+
+from quadjax.params import QuadParams
+from quadjax.state import QuadState
+
+
+def split(x) -> tuple:
+    """(..., k) array → tuple of its k components (...,)."""
+    x = jnp.asarray(x)
+    return tuple(x[..., i] for i in range(x.shape[-1]))
+
+
+def join(components):
+    """Tuple of k arrays (or scalars) → one (..., k) array; components broadcast together."""
+    return jnp.stack(jnp.broadcast_arrays(*components), axis=-1)
+
+
+def split_matrix(m) -> tuple:
+    """(..., r, c) array → tuple of r rows, each a tuple of c components."""
+    m = jnp.asarray(m)
+    return tuple(split(m[..., i, :]) for i in range(m.shape[-2]))
+
+
+def cross_c(a, b) -> tuple:
+    """a × b for 3-vectors in component form."""
+    ax, ay, az = a
+    bx, by, bz = b
+    return (ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx)
+
+
+def dot_c(a, b):
+    """Σ aᵢ bᵢ in component form."""
+    out = a[0] * b[0]
+    for x, y in zip(a[1:], b[1:]):
+        out = out + x * y
+    return out
+
+
+def total(xs):
+    """Σ xᵢ over a tuple (e.g. over rotors), summed left to right."""
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return out
+
+
+def split_params(params: QuadParams) -> QuadParams:
+    """The same parameters with every vector or matrix field as nested tuples of components.
+
+    Scalar fields are unchanged. Works on batched parameters (leading axes).
+    """
+    return params.replace(
+        inertia=split_matrix(params.inertia),
+        rotor_positions=split_matrix(params.rotor_positions),
+        rotor_spins=split(params.rotor_spins),
+        drag_linear=split(params.drag_linear),
+        drag_quadratic=split(params.drag_quadratic),
+        drag_rotational=split(params.drag_rotational),
+        wind=split(params.wind),
+    )
+
+
+def split_state(state: QuadState) -> QuadState:
+    """A state (or state derivative) with its vector fields as tuples of components."""
+    return state.replace(
+        position=split(state.position),
+        velocity=split(state.velocity),
+        attitude=split(state.attitude),
+        body_rates=split(state.body_rates),
+        rotor_speeds=split(state.rotor_speeds),
+    )
+
+
+def join_state(state: QuadState) -> QuadState:
+    """Inverse of :func:`split_state`."""
+    return state.replace(
+        position=join(state.position),
+        velocity=join(state.velocity),
+        attitude=join(state.attitude),
+        body_rates=join(state.body_rates),
+        rotor_speeds=join(state.rotor_speeds),
+        energy=jnp.asarray(state.energy),
+        on_ground=jnp.asarray(state.on_ground),
+    )

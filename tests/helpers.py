@@ -1,0 +1,52 @@
+"""Small shared helpers for the tests (not part of the library)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import quadjax as qj
+
+
+def leaves_close(a, b, rtol=1e-12, atol=0.0):
+    """Assert two pytrees agree leaf by leaf."""
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def leaves_equal(a, b):
+    """Assert two pytrees are equal bit for bit (and of the same dtype)."""
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def busy_state(params, dtype=jnp.float64):
+    """An airborne state with every term of the model active."""
+    w = qj.hover_rotor_speed(params)
+    q = np.array([0.95, 0.1, -0.2, 0.2])
+    return qj.QuadState.create(
+        position=(0.3, -0.2, 5.0),
+        velocity=(1.0, -0.5, 0.3),
+        attitude=q / np.linalg.norm(q),
+        body_rates=(0.4, -0.3, 0.2),
+        rotor_speeds=np.asarray(w) * np.array([1.02, 0.97, 1.01, 0.99]),
+        energy=100.0,
+        dtype=dtype,
+    )
+
+
+def busy_params(dtype=jnp.float64):
+    """RP-1 with wind, rotor inertia, rotational and quadratic drag, sag and energy all on."""
+    p = qj.presets.rp1(dtype=jnp.float64)
+    p = p.replace(
+        wind=jnp.asarray([1.5, -0.7, 0.2]),
+        rotor_inertia=jnp.asarray(3e-5),
+        drag_rotational=jnp.asarray([0.01, 0.012, 0.02]),
+        inertia=jnp.asarray([[0.012, 0.0004, -0.0002], [0.0004, 0.013, 0.0003], [-0.0002, 0.0003, 0.022]]),
+    )
+    return p.astype(dtype)
+
+
+def command_for(params, factors=(1.05, 0.97, 1.02, 0.99)):
+    """Rotor commands near hover [rad/s]."""
+    return qj.hover_rotor_speed(params) * jnp.asarray(factors, params.mass.dtype)

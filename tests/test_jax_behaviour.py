@@ -1,0 +1,119 @@
+"""jit, vmap, dtypes and recompilation."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import quadjax as qj
+from tests.helpers import busy_params, busy_state, command_for, leaves_close, leaves_equal
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_jit_matches_no_jit(dtype):
+    """Within a few ulps here: XLA's CPU backend contracts a·b + c into FMA inside fused
+    kernels, which op-by-op execution cannot (openxla/xla#41579). Bit for bit below."""
+    p = busy_params(dtype)
+    s = busy_state(p, dtype)
+    u = command_for(p)
+    eager = qj.rk4_step(p, s, u, 1e-3)
+    jitted = jax.jit(qj.rk4_step)(p, s, u, 1e-3)
+    leaves_close(eager, jitted, rtol=16 * float(jnp.finfo(dtype).eps), atol=1e-30)
+
+
+def test_jit_matches_no_jit_bit_for_bit_without_fma():
+    """With FMA contraction off (an ISA without FMA), jit and op-by-op agree exactly."""
+    code = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        jax.config.update("jax_enable_x64", True)
+        import quadjax as qj
+        from tests.helpers import busy_params, busy_state, command_for, leaves_equal
+        for dtype in (jnp.float32, jnp.float64):
+            p = busy_params(dtype); s = busy_state(p, dtype); u = command_for(p)
+            leaves_equal(qj.rk4_step(p, s, u, 1e-3), jax.jit(qj.rk4_step)(p, s, u, 1e-3))
+            leaves_equal(qj.derivative(p, s, u), jax.jit(qj.derivative)(p, s, u))
+            eager = s
+            for _ in range(20):
+                eager = qj.rk4_step(p, eager, u, 1e-3)
+            leaves_equal(eager, jax.jit(qj.rollout)(p, s, jnp.tile(u, (20, 1)), 1e-3)[0])
+        print("BITWISE-OK")
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_max_isa=AVX", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert "BITWISE-OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_jit_is_deterministic():
+    p = busy_params()
+    s = busy_state(p)
+    f = jax.jit(qj.rollout)
+    cmd = jnp.tile(command_for(p), (50, 1))
+    leaves_equal(f(p, s, cmd, 1e-3), f(p, s, cmd, 1e-3))
+
+
+def _stack(items):
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *items)
+
+
+def test_vmap_over_states_matches_a_loop():
+    p = busy_params()
+    rng = np.random.default_rng(3)
+    states = [busy_state(p).replace(velocity=jnp.asarray(rng.normal(size=3))) for _ in range(5)]
+    cmds = [command_for(p, tuple(rng.uniform(0.9, 1.1, 4))) for _ in range(5)]
+    step = jax.jit(qj.rk4_step)
+    loop = _stack([step(p, s, u, 1e-3) for s, u in zip(states, cmds)])
+    batched = jax.jit(jax.vmap(qj.rk4_step, in_axes=(None, 0, 0, None)))(p, _stack(states), jnp.stack(cmds), 1e-3)
+    leaves_close(loop, batched, rtol=1e-14, atol=1e-300)
+
+
+def test_vmap_over_params_with_in_axes_pytree_matches_a_loop():
+    p = busy_params()
+    masses = jnp.asarray([1.2, 1.5, 1.9])
+    winds = jnp.asarray([[0.0, 0.0, 0.0], [3.0, 0.0, 0.0], [0.0, -2.0, 1.0]])
+    batched_p = p.replace(mass=masses, wind=winds)
+    axes = jax.tree_util.tree_map(lambda _: None, p).replace(mass=0, wind=0)
+    s, u = busy_state(p), command_for(p)
+    f = jax.jit(jax.vmap(lambda pp: qj.rollout(pp, s, jnp.tile(u, (30, 1)), 1e-3)[0], in_axes=(axes,)))
+    batched = f(batched_p)
+    roll = jax.jit(qj.rollout)
+    loop = _stack([roll(p.replace(mass=m, wind=w), s, jnp.tile(u, (30, 1)), 1e-3)[0] for m, w in zip(masses, winds)])
+    leaves_close(loop, batched, rtol=1e-13, atol=1e-300)
+    assert float(jnp.std(batched.position[:, 2])) > 0  # the batch genuinely differs
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_dtype_is_kept(dtype):
+    p = busy_params(dtype)
+    s = busy_state(p, dtype)
+    out = jax.jit(qj.rollout)(p, s, jnp.tile(command_for(p), (3, 1)), 1e-3)
+    for leaf in jax.tree_util.tree_leaves(out):
+        assert leaf.dtype == dtype
+    for leaf in jax.tree_util.tree_leaves(qj.derivative(p, s, command_for(p))):
+        assert leaf.dtype == dtype
+    assert qj.hover_rotor_speed(p).dtype == dtype
+
+
+def test_second_call_with_new_values_does_not_recompile():
+    traces = []
+
+    def step(p, s, u, dt):
+        traces.append(1)
+        return qj.rk4_step(p, s, u, dt)
+
+    f = jax.jit(step)
+    p = busy_params()
+    s = busy_state(p)
+    f(p, s, command_for(p), 1e-3)
+    f64 = jnp.float64
+    f(p.replace(mass=jnp.asarray(2.0, f64), wind=jnp.asarray([5.0, 0, 0], f64)), s.replace(energy=jnp.asarray(7.0, f64)),
+      command_for(p, (1, 1, 1, 1)), 2e-3)
+    assert len(traces) == 1
