@@ -130,16 +130,22 @@ _SCALARS = (
 
 
 def _shape_errors(p, batch=()):
-    """Field → message for wrongly shaped fields (static; shapes after ``batch``)."""
+    """Field → message for wrongly shaped fields (static; shapes after ``batch``).
+
+    The number of rotors R is read from ``rotor_positions`` (R, 3).
+    """
     shape = {k: tuple(np.shape(v))[len(batch):] for k, v in p.items()}
-    R = shape["rotor_spins"][0] if len(shape["rotor_spins"]) == 1 else None
+    pos = shape["rotor_positions"]
+    R = pos[0] if len(pos) == 2 and pos[1] == 3 and pos[0] > 0 else None
     want = {name: () for name in _SCALARS}
     want.update({name: (3,) for name in _VECTOR3})
-    want.update(inertia=(3, 3), rotor_spins=(R,) if R else "(R,)", rotor_positions=(R, 3) if R else "(R, 3)")
+    want.update(inertia=(3, 3), rotor_positions=(R, 3) if R else "(R, 3) with R >= 1",
+                rotor_spins=(R,) if R else "(R,)")
+    mismatch = f" (R read from QuadParams.rotor_positions, shape {pos})"
     errors = {}
     for name, expected in want.items():
         if shape[name] != expected:
-            errors[name] = f"shape {shape[name]}, expected {expected}"
+            errors[name] = f"shape {shape[name]}, expected {expected}" + (mismatch if name == "rotor_spins" else "")
     return errors
 
 
