@@ -5,12 +5,12 @@ Conventions (one set): SI units; world ENU (z up), body FLU; quaternion
 pure and un-jitted: the caller jits the outermost call.
 """
 
-from quadjax import frames, presets
+from quadjax import control, frames, presets
 from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
 from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thrusts
 from quadjax.params import QuadParams, params_valid
-from quadjax.rollout import rollout
+from quadjax.rollout import rollout, rollout_closed_loop
 from quadjax.state import QuadState
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "derivative",
     "euler_step",
     "frames",
+    "control",
     "ground_contact",
     "hover_rotor_speed",
     "hover_state",
@@ -29,6 +30,7 @@ __all__ = [
     "presets",
     "rk4_step",
     "rollout",
+    "rollout_closed_loop",
     "semi_implicit_euler_step",
     "state_valid",
     "state_violation",

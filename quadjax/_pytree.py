@@ -13,6 +13,13 @@ def pytree_dataclass(cls):
     optax see every field as a leaf.
     """
     cls = dataclasses.dataclass(frozen=True)(cls)
+    if "replace" not in cls.__dict__:
+        cls.replace = _replace
     names = [f.name for f in dataclasses.fields(cls)]
     jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
     return cls
+
+
+def _replace(self, **changes):
+    """A copy with some fields replaced (unchecked: fine inside traced code)."""
+    return dataclasses.replace(self, **changes)

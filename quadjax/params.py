@@ -117,10 +117,6 @@ class QuadParams:
         """The same parameters in another float dtype."""
         return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), self)
 
-    def replace(self, **changes) -> "QuadParams":
-        """A copy with some fields replaced (unchecked: use in traced code)."""
-        return dataclasses.replace(self, **changes)
-
 
 _VECTOR3 = ("drag_linear", "drag_quadratic", "drag_rotational", "wind")
 _SCALARS = (

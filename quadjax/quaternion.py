@@ -110,3 +110,35 @@ def quat_angle_between(a, b):
     """Geodesic angle [rad] between two attitudes, in [0, π]; sign of q ignored."""
     d = jnp.abs(jnp.sum(a * b, axis=-1))
     return 2.0 * jnp.arccos(jnp.clip(d, 0.0, 1.0))
+
+
+def quat_from_matrix(R):
+    """Unit quaternion (w ≥ 0 where possible) of a rotation matrix (..., 3, 3).
+
+    Shepperd's method: of the four algebraically equal forms, use the one whose
+    square root argument is largest (well conditioned); the others are computed
+    on safe arguments so the gradient stays finite.
+    """
+    r00, r11, r22 = R[..., 0, 0], R[..., 1, 1], R[..., 2, 2]
+    trace = r00 + r11 + r22
+    cands = jnp.stack([trace, r00, r11, r22], axis=-1)
+    k = jnp.argmax(cands, axis=-1)
+    d21, d02, d10 = R[..., 2, 1] - R[..., 1, 2], R[..., 0, 2] - R[..., 2, 0], R[..., 1, 0] - R[..., 0, 1]
+    s21, s02, s10 = R[..., 2, 1] + R[..., 1, 2], R[..., 0, 2] + R[..., 2, 0], R[..., 1, 0] + R[..., 0, 1]
+
+    def form(diag_sum, a, b, c, order):
+        s = 2.0 * jnp.sqrt(jnp.maximum(1.0 + diag_sum, 1e-12))
+        q = [0.25 * s, a / s, b / s, c / s]
+        return jnp.stack([q[i] for i in order], axis=-1)
+
+    qs = jnp.stack(
+        [
+            form(trace, d21, d02, d10, (0, 1, 2, 3)),
+            form(r00 - r11 - r22, d21, s10, s02, (1, 0, 2, 3)),
+            form(r11 - r00 - r22, d02, s10, s21, (1, 2, 0, 3)),
+            form(r22 - r00 - r11, d10, s02, s21, (1, 2, 3, 0)),
+        ],
+        axis=-2,
+    )
+    q = jnp.take_along_axis(qs, k[..., None, None], axis=-2)[..., 0, :]
+    return jnp.where(q[..., :1] < 0, -q, q)

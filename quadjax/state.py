@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -53,10 +52,6 @@ class QuadState:
             rotor_speeds=rotor_speeds, energy=energy, on_ground=on_ground,
         )
         return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in fields.items()})
-
-    def replace(self, **changes) -> "QuadState":
-        """A copy with some fields replaced."""
-        return dataclasses.replace(self, **changes)
 
 
 def state_axpy(state: QuadState, h, d: QuadState) -> QuadState:
