@@ -8,12 +8,34 @@ pure and un-jitted: the caller jits the outermost call.
 from quadjax import control, frames, presets
 from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
+from quadjax.mixer import (
+    MixerLayout,
+    MixerOutput,
+    MixerParams,
+    allocate,
+    mix,
+    mixer_params_from,
+    mixer_params_valid,
+    saturation_from,
+    to_rotor_command,
+    wrench,
+)
 from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thrusts
 from quadjax.params import QuadParams, params_valid
 from quadjax.rollout import rollout, rollout_closed_loop
 from quadjax.state import QuadState
 
 __all__ = [
+    "MixerLayout",
+    "MixerOutput",
+    "MixerParams",
+    "allocate",
+    "mix",
+    "mixer_params_from",
+    "mixer_params_valid",
+    "saturation_from",
+    "to_rotor_command",
+    "wrench",
     "QuadParams",
     "QuadState",
     "INVARIANT_IDS",

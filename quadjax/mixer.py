@@ -10,7 +10,7 @@ map, and :func:`mix` keeps every rotor in [T_min, T_max] and gives up the demand
 fixed order (seed 002):
 
 1. roll and pitch shrink by a common σ ∈ (0, 1], keeping their direction, only when
-   they fit at no collective;
+   they fit at no collective (and no yaw s ∈ [0, 1]);
 2. the collective moves as little as possible (both ways: at low throttle it rises,
    "airmode") for which some yaw s ∈ [0, 1] still fits;
 3. yaw is scaled by the largest s ∈ [0, 1] that fits around that collective.
@@ -21,21 +21,24 @@ Which algorithm runs is structure, fixed by :class:`MixerLayout`, a static field
 * ``"quad_x"``, ``"plus"``, ``"opposed_pairs"`` — four rotors whose two CCW rotors sit
   opposite each other about the centre, and so do the two CW ones (Quad X, the seed-003
   "+", H/rectangular frames). Then every allocation is (u_a ± σd_a, u_b ± σd_b) with pair
-  means u_a = c − t, u_b = c + t, and the three steps are closed form (about 60 operations).
-* ``"generic"`` — any other layout (iris-like, hexacopters, …). The allocation is the
-  pseudo-inverse P = Bᵀ(BBᵀ)⁻¹, T = c·P₀ + σ·(P₁τx + P₂τy) + s·P₃τz, and the same three
-  steps are solved exactly over (c, σ, s) by enumerating the breakpoints of the feasible
-  polygon (O(R³) operations). It uses only the pseudo-inverse's directions, not the
-  null space of B when R > 4, so for R > 4 it can cut a demand that another thrust
-  distribution in the null space would still meet: the fallback is the seed's priority
-  *within* the pseudo-inverse allocation.
+  means u_a = c − t, u_b = c + t, and the three steps are closed form (≈ 60 operations).
+* ``"generic"`` — any other layout (iris-like, hexacopters, …): the documented fallback.
+  The allocation is the pseudo-inverse P = Bᵀ(BBᵀ)⁻¹, T = c·P₀ + σ·(P₁τx + P₂τy) + s·P₃τz,
+  and the same three steps are solved exactly over (c, σ, s): steps 1 and 2 are linear
+  programs in two unknowns, reduced by Helly's theorem to closed-form two-line problems
+  over all pairs of constraints: O(R⁴) operations, see :func:`_mix_generic`. It moves
+  thrust only along the pseudo-inverse's directions, never in the null space of B
+  (R > 4), so it can cut a demand that another thrust distribution would still meet:
+  the fallback is the seed's priority *within* the pseudo-inverse allocation. A demand
+  whose pseudo-inverse allocation fits comes back unchanged.
 
 Defined outputs (every function is pure, un-jitted, works under jit/vmap/grad, and keeps
 the dtype of its inputs):
 
 * any finite demand — no NaN, thrusts in [T_min, T_max]. Demands beyond
-  √(float max) (≈ 1.8e19 in float32) are first scaled down, keeping the torque
-  direction; σ and s are reported against the original demand (they may underflow to 0).
+  (float max)^¼ (≈ 4.3e9 in float32, 1.1e77 in float64) are first scaled down, keeping
+  the torque direction; σ and s are reported against the original demand (so for such
+  demands they may underflow to 0).
 * a non-finite demand (NaN or ±inf in any component) — every rotor at T_min,
   ``valid = False``, σ = s = 0, ``collective_moved = True``, and an all-zero report
   from :func:`saturation_from`.
@@ -54,9 +57,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from quadjax._components import join, split, split_matrix, total
 from quadjax._pytree import pytree_dataclass
 from quadjax.presets import quad_x_positions
-from quadjax.quadrotor import rotor_moment, rotor_thrusts
+from quadjax.quadrotor import rotor_moment_c, rotor_thrusts
 
 # Relative tolerance of the layout geometry (opposite rotors, equal |x| and |y|).
 _GEOMETRY_RTOL = 1e-5
@@ -127,14 +131,9 @@ class MixerParams:
         pos = values["rotor_positions"]
         if pos.ndim == 2 and pos.shape[1] == 2:
             values["rotor_positions"] = np.concatenate([pos, np.zeros((pos.shape[0], 1))], axis=1)
-        shape_errors = _shape_errors(values)
-        if shape_errors:
-            name, msg = next(iter(shape_errors.items()))
-            raise ValueError(f"MixerParams.{name}: {msg}")
+        _raise_on_bad_shape(values)
         layout = _resolve_layout(layout, values["rotor_positions"], values["rotor_spins"])
-        for name, ok in _value_checks(values, layout, np).items():
-            if not np.all(ok):
-                raise ValueError(f"MixerParams.{name} = {values[name].tolist()}: must be {_bounds(name, layout)}")
+        _raise_on_bad_value(values, layout)
         return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in values.items()}, layout=layout)
 
     @classmethod
@@ -151,11 +150,11 @@ class MixerParams:
         """R (static: read from a shape)."""
         return self.rotor_spins.shape[-1]
 
-    def astype(self, dtype) -> "MixerParams":
+    def astype(self, dtype) -> MixerParams:
         """The same parameters in another float dtype."""
         return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), self)
 
-    def replace(self, **changes) -> "MixerParams":
+    def replace(self, **changes) -> MixerParams:
         """A copy with some fields replaced (unchecked: use in traced code)."""
         return dataclasses.replace(self, **changes)
 
@@ -216,16 +215,23 @@ def detect_layout(rotor_positions, rotor_spins) -> MixerLayout:
 
 
 def _resolve_layout(layout, positions, spins) -> MixerLayout:
+    """None → detected from the geometry; "generic" → GENERIC; a MixerLayout → itself, if it
+    fits the rotor count (its geometry is checked with the values)."""
     if layout is None:
         return detect_layout(positions, spins)
-    if layout == "generic":
+    if layout == "generic" or (isinstance(layout, MixerLayout) and layout.kind == "generic"):
         return GENERIC
-    if isinstance(layout, MixerLayout) and layout.kind == "generic":
-        return GENERIC
-    if isinstance(layout, MixerLayout) and layout.kind in _CLOSED_FORM_KINDS and sorted(layout.order) == [0, 1, 2, 3]:
-        if spins is None or np.shape(spins) == (4,):
-            return MixerLayout(layout.kind, tuple(int(i) for i in layout.order))
-    raise ValueError(f"MixerParams.layout = {layout!r}: must be None, 'generic' or a MixerLayout")
+    if (
+        isinstance(layout, MixerLayout)
+        and layout.kind in _CLOSED_FORM_KINDS
+        and sorted(layout.order) == [0, 1, 2, 3]
+        and np.shape(spins)[-1:] == (4,)
+    ):
+        return MixerLayout(layout.kind, tuple(int(i) for i in layout.order))
+    raise ValueError(
+        f"MixerParams.layout = {layout!r}: must be None, 'generic' or a MixerLayout "
+        f"(a closed-form one orders four rotors)"
+    )
 
 
 def _shape_errors(p, batch=()):
@@ -345,9 +351,9 @@ def mixer_params_from(quad_params, layout=None) -> MixerParams:
                 "call it outside jit or pass layout="
             ) from None
         R = spins.shape[-1]
-        found = {detect_layout(q, s) for q, s in zip(pos.reshape(-1, R, 3), spins.reshape(-1, R))}
+        found = {detect_layout(q, s) for q, s in zip(pos.reshape(-1, R, 3), spins.reshape(-1, R), strict=True)}
         layout = found.pop() if len(found) == 1 else GENERIC
-    layout = _resolve_layout(layout, None, None)
+    layout = _resolve_layout(layout, None, quad_params.rotor_spins)
     mp = MixerParams(
         rotor_positions=quad_params.rotor_positions,
         rotor_spins=quad_params.rotor_spins,
@@ -361,47 +367,58 @@ def mixer_params_from(quad_params, layout=None) -> MixerParams:
     return mp
 
 
+def _raise_on_bad_shape(values):
+    errors = _shape_errors(values, np.shape(values["k_m"]))
+    if errors:
+        name, msg = next(iter(errors.items()))
+        raise ValueError(f"MixerParams.{name}: {msg}")
+
+
+def _raise_on_bad_value(values, layout):
+    for name, ok in _value_checks(values, layout, np).items():
+        if not np.all(ok):
+            raise ValueError(f"MixerParams.{name} = {values[name].tolist()}: must be {_bounds(name, layout)}")
+
+
 def _raise_if_concrete_and_bad(mp):
     try:
         values = {name: np.asarray(getattr(mp, name), dtype=np.float64) for name in _DATA_FIELDS}
     except jax.errors.TracerArrayConversionError:
-        return
-    batch = values["k_m"].shape
-    errors = _shape_errors(values, batch)
-    if errors:
-        name, msg = next(iter(errors.items()))
-        raise ValueError(f"MixerParams.{name}: {msg}")
-    for name, ok in _value_checks(values, mp.layout, np).items():
-        if not np.all(ok):
-            raise ValueError(f"MixerParams.{name} = {values[name].tolist()}: must be {_bounds(name, mp.layout)}")
+        return  # traced: mixer_params_valid judges it
+    _raise_on_bad_shape(values)
+    _raise_on_bad_value(values, mp.layout)
 
 
 # --- the linear maps ----------------------------------------------------------------------------
+
+
+def _moment_fields(rotor_positions, rotor_spins, k_m):
+    """The fields :func:`quadjax.quadrotor.rotor_moment_c` reads, split into components."""
+    return types.SimpleNamespace(
+        rotor_positions=split_matrix(rotor_positions), rotor_spins=split(rotor_spins), k_m=jnp.asarray(k_m)
+    )
 
 
 def wrench(mp: MixerParams, thrusts) -> jax.Array:
     """w = B·T: the wrench (..., 4) = (F [N], τx, τy, τz [N·m]) that thrusts (..., R) [N] make.
 
     F = Σ Tᵢ along body +z; τ = Σ rᵢ × (0, 0, Tᵢ) − (0, 0, k_m Σ spinᵢ Tᵢ), body FLU
-    (the rotor moment of :func:`quadjax.quadrotor.rotor_moment`).
+    (the rotor moment of :func:`quadjax.quadrotor.rotor_moment_c`).
     """
-    thrusts = jnp.asarray(thrusts)
-    moment = rotor_moment(mp, thrusts)
-    total = jnp.broadcast_to(jnp.sum(thrusts, axis=-1), moment.shape[:-1])
-    return jnp.concatenate([total[..., None], moment], axis=-1)
+    thrusts = split(thrusts)
+    moment = rotor_moment_c(_moment_fields(mp.rotor_positions, mp.rotor_spins, mp.k_m), thrusts)
+    return join((total(thrusts),) + moment)
 
 
 def allocation_matrix(mp) -> jax.Array:
-    """B (..., 4, R): column i is the wrench of rotor i alone at 1 N (the map :func:`wrench` applies)."""
+    """B (..., 4, R): column j is the wrench of rotor j alone at 1 N (the map :func:`wrench` applies)."""
     R = mp.rotor_spins.shape[-1]
-    # unit thrusts on a new axis before the rotors; rotor_moment broadcasts over it
-    one_rotor = types.SimpleNamespace(
-        rotor_positions=mp.rotor_positions[..., None, :, :],
-        rotor_spins=mp.rotor_spins[..., None, :],
-        k_m=jnp.asarray(mp.k_m)[..., None],
+    # one rotor at a time on a new axis before the rotors; the moment broadcasts over it
+    fields = _moment_fields(
+        mp.rotor_positions[..., None, :, :], mp.rotor_spins[..., None, :], jnp.asarray(mp.k_m)[..., None]
     )
-    unit = jnp.eye(R, dtype=jnp.result_type(mp.rotor_positions))
-    return jnp.swapaxes(wrench(one_rotor, unit), -1, -2)
+    unit = split(jnp.eye(R, dtype=jnp.result_type(mp.rotor_positions)))
+    return jnp.swapaxes(join((total(unit),) + rotor_moment_c(fields, unit)), -1, -2)
 
 
 def _pinv(B):
@@ -409,8 +426,8 @@ def _pinv(B):
     return jnp.swapaxes(jnp.linalg.solve(B @ jnp.swapaxes(B, -1, -2), B), -1, -2)
 
 
-def _pair_demand(mp, w):
-    """Closed form: (f, d_a, d_b, Y) [N per rotor] of a wrench w (..., 4).
+def _pair_demand(mp, F, tx, ty, tz):
+    """Closed form: (f, d_a, d_b, Y) [N per rotor] of a wrench (F, τx, τy, τz), components (...,).
 
     With the CCW pair at ±p_a and the CW pair at ±p_b (xy, m), every allocation is
     T_a± = f − Y ± d_a, T_b± = f + Y ± d_b with f = F/4, Y = τz/(4k_m) and
@@ -423,16 +440,24 @@ def _pair_demand(mp, w):
     xa, ya = 0.5 * (pos[a0, 0] - pos[a1, 0]), 0.5 * (pos[a0, 1] - pos[a1, 1])
     xb, yb = 0.5 * (pos[b0, 0] - pos[b1, 0]), 0.5 * (pos[b0, 1] - pos[b1, 1])
     half_inv_det = 0.5 / (xa * yb - xb * ya)
-    F, tx, ty, tz = w[..., 0], w[..., 1], w[..., 2], w[..., 3]
     d_a = -(xb * tx + yb * ty) * half_inv_det
     d_b = (xa * tx + ya * ty) * half_inv_det
     return 0.25 * F, d_a, d_b, tz * (0.25 / mp.k_m)
 
 
-def _pair_thrusts(layout, u_a, u_b, d_a, d_b):
-    """(..., 4) thrusts in rotor order from pair means and spreads: a± = u_a ± d_a, b± = u_b ± d_b."""
-    by_rotor = dict(zip(layout.order, (u_a + d_a, u_a - d_a, u_b + d_b, u_b - d_b)))
-    return jnp.stack([by_rotor[i] for i in range(4)], axis=-1)
+def _pair_thrusts(layout, c, t, d_a, d_b):
+    """Thrusts (..., 4) in rotor order: pair a = (c − t) ± d_a, pair b = (c + t) ± d_b.
+
+    Broadcast against constant sign rows rather than stacking four components: XLA
+    vectorises the former; the stack made a thrusts-only mix ~8× slower on CPU.
+    """
+    a0, a1, b0, b1 = layout.order
+    signs = np.zeros((3, 4))
+    signs[0, [a0, a1]], signs[0, [b0, b1]] = -1.0, 1.0  # t: pair a down, pair b up
+    signs[1, a0], signs[1, a1] = 1.0, -1.0
+    signs[2, b0], signs[2, b1] = 1.0, -1.0
+    signs = jnp.asarray(signs, jnp.result_type(c))
+    return c[..., None] + t[..., None] * signs[0] + d_a[..., None] * signs[1] + d_b[..., None] * signs[2]
 
 
 def allocate(mp: MixerParams, w) -> jax.Array:
@@ -444,13 +469,19 @@ def allocate(mp: MixerParams, w) -> jax.Array:
     """
     w = _as_wrench(mp, w)
     if mp.layout.closed_form:
-        f, d_a, d_b, Y = _pair_demand(mp, w)
-        return _pair_thrusts(mp.layout, f - Y, f + Y, d_a, d_b)
+        f, d_a, d_b, Y = _pair_demand(mp, *split(w))
+        return _pair_thrusts(mp.layout, f, Y, d_a, d_b)
     P = _pinv(allocation_matrix(mp))
     return jnp.sum(P * w[..., None, :], axis=-1)
 
 
 def _as_wrench(mp, w):
+    """w as an array of the promoted float dtype; ``mp`` must hold one vehicle (static check)."""
+    if np.ndim(mp.rotor_spins) != 1:
+        raise ValueError(
+            f"MixerParams.rotor_spins has shape {np.shape(mp.rotor_spins)}: the mixer takes one "
+            "vehicle's parameters; vmap it over a batch of vehicles"
+        )
     w = jnp.asarray(w)
     return w.astype(jnp.promote_types(w.dtype, jnp.result_type(mp.t_max)))
 
@@ -463,22 +494,19 @@ def _clamp_guarded(x, lo, hi):
     return jnp.where(lo <= hi, jnp.clip(x, lo, hi), 0.5 * (lo + hi))
 
 
-def _bounded_demand(w):
-    """Scale a finite demand into ±√(float max) so that no product overflows.
+def _bounded_demand(F, tx, ty, tz):
+    """Scale a finite demand into ±(float max)^¼ so that no product, nor a gradient, overflows.
 
-    Returns (w', g_rp, g_yaw): F clipped, (τx, τy) scaled by g_rp (direction kept), τz by
-    g_yaw; g = 1 exactly for any demand below the bound.
+    Returns ((F', τx', τy', τz'), g_rp, g_yaw): F clipped, (τx, τy) scaled by g_rp
+    (direction kept), τz by g_yaw; g = 1 exactly for any demand below the bound.
     """
-    big = jnp.asarray(math.sqrt(jnp.finfo(w.dtype).max), w.dtype)
-    g_rp = big / jnp.maximum(jnp.maximum(jnp.abs(w[..., 1]), jnp.abs(w[..., 2])), big)
-    g_yaw = big / jnp.maximum(jnp.abs(w[..., 3]), big)
-    scaled = jnp.stack(
-        [jnp.clip(w[..., 0], -big, big), w[..., 1] * g_rp, w[..., 2] * g_rp, w[..., 3] * g_yaw], axis=-1
-    )
-    return scaled, g_rp, g_yaw
+    big = jnp.asarray(float(jnp.finfo(F.dtype).max) ** 0.25, F.dtype)
+    g_rp = big / jnp.maximum(jnp.maximum(jnp.abs(tx), jnp.abs(ty)), big)
+    g_yaw = big / jnp.maximum(jnp.abs(tz), big)
+    return (jnp.clip(F, -big, big), tx * g_rp, ty * g_rp, tz * g_yaw), g_rp, g_yaw
 
 
-def _mix_pairs(mp, w):
+def _mix_pairs(mp, F, tx, ty, tz):
     """The seed's three steps in closed form for an opposed-pairs layout.
 
     Thrusts (u_a ± σd_a, u_b ± σd_b), u_a = c − t, u_b = c + t, per rotor [N]:
@@ -489,7 +517,7 @@ def _mix_pairs(mp, w):
     3. t = clamp(Y, max(c − H_a, L_b − c, min(Y, 0)), min(c − L_a, H_b − c, max(Y, 0))),
        the largest s = t/Y that fits around c.
     """
-    f, d_a, d_b, Y = _pair_demand(mp, w)
+    f, d_a, d_b, Y = _pair_demand(mp, F, tx, ty, tz)
     lo, hi = mp.t_min, mp.t_max
     width = hi - lo
     sigma = width / jnp.maximum(2.0 * jnp.maximum(jnp.abs(d_a), jnp.abs(d_b)), width)
@@ -502,7 +530,7 @@ def _mix_pairs(mp, w):
     t_lo = jnp.maximum(jnp.maximum(c - hi_a, lo_b - c), t_dn)
     t_hi = jnp.minimum(jnp.minimum(c - lo_a, hi_b - c), t_up)
     t = _clamp_guarded(Y, t_lo, t_hi)
-    thrusts = _pair_thrusts(mp.layout, c - t, c + t, sigma * d_a, sigma * d_b)
+    thrusts = _pair_thrusts(mp.layout, c, t, sigma * d_a, sigma * d_b)
     return thrusts, sigma, _safe_ratio(t, Y, width), c != f
 
 
@@ -512,57 +540,96 @@ def _safe_ratio(t, Y, width):
     return jnp.where(small, 1.0, jnp.clip(t / jnp.where(small, 1.0, Y), 0.0, 1.0))
 
 
-def _mix_generic(mp, w):
+def _max_of_min(p, q, lo, hi):
+    """max over s ∈ [lo, hi] of min_k (p_k + q_k s), lines (..., K), interval (...,).
+
+    By Helly's theorem in the plane this is the minimum over pairs (k, l) of the two-line
+    problem, whose maximum sits at lo, hi or the pair's crossing: O(K²) closed-form work.
+    Pairs whose slopes differ by less than rounding are taken as parallel (ends only).
+    """
+    eps = jnp.finfo(p.dtype).eps
+    pk, pl, qk, ql = p[..., :, None], p[..., None, :], q[..., :, None], q[..., None, :]
+    lo, hi = lo[..., None, None], hi[..., None, None]
+    den = qk - ql
+    crossing = jnp.abs(den) > 64 * eps * (jnp.abs(pk) + jnp.abs(pl) + jnp.abs(qk) + jnp.abs(ql))
+    s_x = jnp.where(crossing, jnp.clip((pl - pk) / jnp.where(crossing, den, 1.0), lo, hi), lo)
+
+    def pair_min(s):
+        return jnp.minimum(pk + qk * s, pl + ql * s)
+
+    best = jnp.maximum(jnp.maximum(pair_min(lo), pair_min(hi)), pair_min(s_x))
+    return jnp.min(best, axis=(-2, -1))
+
+
+def _bound(cond, num, den, default):
+    """min(num/den, 1) where ``cond`` (num ≥ 0, den > 0 there), else ``default``; never a
+    division by a small number (num/max(den, num)), nor by zero where ``cond`` is False."""
+    num, den = jnp.where(cond, num, 0.0), jnp.where(cond, den, 1.0)
+    return jnp.where(cond, num / jnp.maximum(den, num), default)
+
+
+def _mix_generic(mp, F, tx, ty, tz):
     """The seed's three steps for any layout, on the pseudo-inverse allocation.
 
     Tᵢ = c·uᵢ + σ·rᵢ + s·yᵢ with u = P₀, r = P₁τx + P₂τy, y = P₃τz and c the collective [N].
-    Divided by uᵢ > 0, rotor i fits iff ℓᵢ(s) ≤ c ≤ hᵢ(s) with the lines
-    ℓᵢ(s) = (T_min − σrᵢ)/uᵢ − ηᵢ s, hᵢ(s) = (T_max − σrᵢ)/uᵢ − ηᵢ s, ηᵢ = yᵢ/uᵢ.
-    1. σ = largest in (0, 1] with σ(ρⱼ − ρᵢ) ≤ (T_max/uⱼ − T_min/uᵢ) for all i, j (ρ = r/u):
-       a collective fits at s = 0.
-    2. c = clamp(F, c_lo, c_hi), c_hi = max of min_i hᵢ(s) over the feasible s ∈ [0, 1],
-       c_lo = min of max_i ℓᵢ(s): both reached at s = 0, 1 or a crossing of two lines,
-       so every crossing is a candidate and the feasible ones are kept.
+    Divided by uᵢ > 0 (ρ = r/u, η = y/u, λ = T_min/u, μ = T_max/u), rotor i fits iff
+    λᵢ ≤ c + σρᵢ + sηᵢ ≤ μᵢ. Eliminating c pairwise, some collective fits iff
+    σ aₖ + s bₖ ≤ cₖ for every pair k = (i, j), i ≠ j, with aₖ = ρⱼ − ρᵢ, bₖ = ηⱼ − ηᵢ,
+    cₖ = μⱼ − λᵢ > 0. Rounding can leave a range empty by a few ulps: its midpoint is then
+    taken, and the final per-rotor clamp keeps the bounds exact.
+    1. σ = max over s ∈ [0, s_b] of U(s) = min(1, (cₖ − bₖ s)/aₖ for aₖ > 0), where
+       [0, s_b] is where U ≥ L = max(0, (bₖ s − cₖ)/|aₖ| for aₖ < 0) and the aₖ ≈ 0 rows
+       hold (:func:`_max_of_min`);
+    2. c = clamp(F, c_lo, c_hi): over the s ∈ [s_a, s_b] ⊂ [0, 1] where every rotor pair
+       leaves room at σ, c_hi = max of min_j (μⱼ − σρⱼ − ηⱼ s), c_lo = min of max_i
+       (λᵢ − σρᵢ − ηᵢ s);
     3. s = the largest s ∈ [0, 1] with every rotor fitting at c.
+    O(R⁴) operations, none of them a division by a small number: XLA counts ≈ 9·10³ flops
+    per demand for R = 4 and ≈ 4·10⁴ for R = 6, against ≈ 3·10² for the closed form.
     """
-    dtype = w.dtype
+    dtype = F.dtype
     eps = jnp.finfo(dtype).eps
     P = _pinv(allocation_matrix(mp).astype(dtype))
-    F, tx, ty, tz = w[..., 0], w[..., 1], w[..., 2], w[..., 3]
     u = P[:, 0]
     r = P[:, 1] * tx[..., None] + P[:, 2] * ty[..., None]
     y = P[:, 3] * tz[..., None]
     lam, mu = mp.t_min / u, mp.t_max / u
     rho, eta = r / u, y / u
-    # step 1: every pair (i lower, j upper) of rotors must leave room at s = 0
-    room = mu[None, :] - lam[:, None]  # > 0 for valid params
-    spread = rho[..., None, :] - rho[..., :, None]
-    sigma = jnp.min(room / jnp.maximum(spread, room), axis=(-2, -1))
-    # step 2: the collective range over the feasible polygon in (c, s)
-    a_lo, a_hi = lam - sigma[..., None] * rho, mu - sigma[..., None] * rho
-    icpt = jnp.concatenate([a_lo, a_hi], axis=-1)
-    slope = jnp.concatenate([eta, eta], axis=-1)
-    num = icpt[..., :, None] - icpt[..., None, :]
-    den = slope[..., :, None] - slope[..., None, :]
-    scale = jnp.max(jnp.abs(icpt), axis=-1) + jnp.max(jnp.abs(slope), axis=-1)
-    crossing = jnp.abs(den) > 64 * eps * jnp.max(jnp.abs(slope), axis=-1)[..., None, None]
-    s_cross = jnp.clip(jnp.where(crossing, num / jnp.where(crossing, den, 1.0), 0.0), 0.0, 1.0)
-    batch = s_cross.shape[:-2]
-    cand = jnp.concatenate(
-        [jnp.zeros(batch + (1,), dtype), jnp.ones(batch + (1,), dtype), s_cross.reshape(batch + (-1,))], axis=-1
-    )
-    upper = jnp.min(a_hi[..., None, :] - eta[..., None, :] * cand[..., :, None], axis=-1)
-    lower = jnp.max(a_lo[..., None, :] - eta[..., None, :] * cand[..., :, None], axis=-1)
-    feasible = upper - lower >= -64 * eps * scale[..., None]
-    feasible = feasible.at[..., 0].set(True)  # s = 0 fits by step 1
-    big = jnp.finfo(dtype).max
-    c_hi = jnp.max(jnp.where(feasible, upper, -big), axis=-1)
-    c_lo = jnp.min(jnp.where(feasible, lower, big), axis=-1)
+    # step 1: rows k = (i lower, j upper) of σ aₖ + s bₖ ≤ cₖ
+    i, j = np.nonzero(~np.eye(u.shape[-1], dtype=bool))
+    a, b = rho[..., j] - rho[..., i], eta[..., j] - eta[..., i]
+    c = jnp.broadcast_to(mu[j] - lam[i], a.shape)  # > 0 for valid parameters
+    upward, downward = a > 64 * eps * c, a < -64 * eps * c  # else σ aₖ is below rounding of cₖ
+    safe_a = jnp.where(upward | downward, jnp.abs(a), 1.0)
+    one, zero = jnp.ones(a.shape[:-1] + (1,), dtype), jnp.zeros(a.shape[:-1] + (1,), dtype)
+    # U's lines σ = p + q s (σ ≤ 2 stands for "no line"), L's lines likewise (σ ≥ −1)
+    p_up = jnp.concatenate([jnp.where(upward, c / safe_a, 2.0), one], axis=-1)
+    q_up = jnp.concatenate([jnp.where(upward, -b / safe_a, 0.0), zero], axis=-1)
+    p_dn = jnp.concatenate([jnp.where(downward, -c / safe_a, -1.0), zero], axis=-1)
+    q_dn = jnp.concatenate([jnp.where(downward, b / safe_a, 0.0), zero], axis=-1)
+    gap0 = p_up[..., :, None] - p_dn[..., None, :]  # > 0: s = 0 fits
+    gap1 = q_up[..., :, None] - q_dn[..., None, :]
+    s_b = jnp.min(_bound(gap1 < 0, gap0, -gap1, 1.0), axis=(-2, -1))
+    flat = ~(upward | downward) & (b > 0)  # aₖ ≈ 0: s bₖ ≤ cₖ
+    s_b = jnp.minimum(s_b, jnp.min(_bound(flat, c, b, 1.0), axis=-1))
+    sigma = jnp.clip(_max_of_min(p_up, q_up, jnp.zeros_like(s_b), s_b), 0.0, 1.0)
+    # step 2: rows h_j(s) = A_j − η_j s ≥ c ≥ ℓ_i(s) = B_i − η_i s
+    A, B = mu - sigma[..., None] * rho, lam - sigma[..., None] * rho
+    room0 = A[..., None, :] - B[..., :, None]  # [i, j]: h_j − ℓ_i at s = 0
+    room1 = eta[..., :, None] - eta[..., None, :]  # its slope in s
+    # room0 + room1·s ≥ 0, a negative room0 from rounding taken as 0 where room1 ≤ 0
+    s_lo = _bound((room1 > 0) & (room0 < 0), -room0, room1, 0.0)
+    s_hi = _bound(room1 < 0, jnp.maximum(room0, 0.0), -room1, 1.0)
+    s_a, s_z = jnp.max(s_lo, axis=(-2, -1)), jnp.min(s_hi, axis=(-2, -1))
+    s_a, s_z = jnp.where(s_a <= s_z, s_a, 0.5 * (s_a + s_z)), jnp.where(s_a <= s_z, s_z, 0.5 * (s_a + s_z))
+    c_hi = _max_of_min(A, -eta, s_a, s_z)
+    c_lo = -_max_of_min(-B, eta, s_a, s_z)
     c = _clamp_guarded(F, c_lo, c_hi)
-    # step 3: ηᵢ s ≥ ℓ-slack and ηᵢ s ≤ h-slack for every rotor, at c
-    below, above = a_lo - c[..., None], a_hi - c[..., None]
+    # step 3: ηᵢ s ≥ B_i − c and ηᵢ s ≤ A_i − c for every rotor
+    below, above = B - c[..., None], A - c[..., None]
     abs_eta = jnp.abs(eta)
-    active = abs_eta > eps * scale[..., None]
+    reach = jnp.maximum(jnp.max(jnp.abs(A), axis=-1), jnp.max(jnp.abs(B), axis=-1))
+    active = abs_eta > eps * reach[..., None]  # else this rotor's yaw share is below rounding
     safe_eta = jnp.where(active, abs_eta, 1.0)
     up = jnp.where(eta > 0, above, -below) / safe_eta
     dn = jnp.where(eta > 0, below, -above) / safe_eta
@@ -582,13 +649,13 @@ def mix(mp: MixerParams, w) -> MixerOutput:
     are in the module docstring. A non-finite demand gives every rotor at T_min and
     ``valid = False`` (σ = s = 0). ``mp`` is one vehicle's parameters (vmap over a batch).
     """
-    w = _as_wrench(mp, w)
-    valid = jnp.all(jnp.isfinite(w), axis=-1)
-    bounded, g_rp, g_yaw = _bounded_demand(jnp.where(valid[..., None], w, 0.0))
+    demand = split(_as_wrench(mp, w))  # components (GUIDE §3): element-wise work, no small stacks
+    valid = jnp.isfinite(demand[0]) & jnp.isfinite(demand[1]) & jnp.isfinite(demand[2]) & jnp.isfinite(demand[3])
+    bounded, g_rp, g_yaw = _bounded_demand(*(jnp.where(valid, x, 0.0) for x in demand))
     mixed = _mix_pairs if mp.layout.closed_form else _mix_generic
-    thrusts, sigma, s, moved = mixed(mp, bounded)
-    lo = jnp.asarray(mp.t_min, w.dtype)[..., None]
-    thrusts = jnp.where(valid[..., None], jnp.clip(thrusts, lo, jnp.asarray(mp.t_max, w.dtype)[..., None]), lo)
+    thrusts, sigma, s, moved = mixed(mp, *bounded)
+    lo, hi = jnp.asarray(mp.t_min, demand[0].dtype), jnp.asarray(mp.t_max, demand[0].dtype)
+    thrusts = jnp.where(valid[..., None], jnp.clip(thrusts, lo, hi), lo)
     return MixerOutput(
         thrusts=thrusts,
         achieved=wrench(mp, thrusts),
