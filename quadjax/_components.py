@@ -35,6 +35,11 @@ def split_matrix(m) -> tuple:
     return tuple(split(m[..., i, :]) for i in range(m.shape[-2]))
 
 
+def join_matrix(rows):
+    """Inverse of :func:`split_matrix`."""
+    return jnp.stack([join(r) for r in rows], axis=-2)
+
+
 def cross_c(a, b) -> tuple:
     """a × b for 3-vectors in component form."""
     ax, ay, az = a
@@ -71,6 +76,19 @@ def split_params(params: QuadParams) -> QuadParams:
         drag_quadratic=split(params.drag_quadratic),
         drag_rotational=split(params.drag_rotational),
         wind=split(params.wind),
+    )
+
+
+def join_params(params: QuadParams) -> QuadParams:
+    """Inverse of :func:`split_params`."""
+    return params.replace(
+        inertia=join_matrix(params.inertia),
+        rotor_positions=join_matrix(params.rotor_positions),
+        rotor_spins=join(params.rotor_spins),
+        drag_linear=join(params.drag_linear),
+        drag_quadratic=join(params.drag_quadratic),
+        drag_rotational=join(params.drag_rotational),
+        wind=join(params.wind),
     )
 
 

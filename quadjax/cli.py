@@ -9,6 +9,7 @@ import sys
 #: subcommand → ("module:function", one-line help); each function takes argv (list[str]) → exit code
 SUBCOMMANDS = {
     "presets": ("quadjax.cli:presets_main", "list the vehicle presets with their sources"),
+    "sweep": ("quadjax.sweep.cli:sweep_main", "Monte Carlo sweep of randomised vehicles on a mission"),
 }
 
 

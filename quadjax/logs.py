@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from quadjax.frames import reorder_rotors, rpm_to_rad_s
+from quadjax.quaternion import quat_rotate_inverse
 
 # --- the log container --------------------------------------------------------------
 
@@ -400,7 +401,6 @@ def load_nanodrone(path, *, window: bool = True, align_motors: bool = True, filt
     pd = _require_pandas()
     path = Path(path)
     df = pd.read_parquet(path)
-    dt = 0.01
     cf = [f"m{i}" for i in range(1, 5)]
     state_cols = ["x", "y", "z", "vx", "vy", "vz", "qx", "qy", "qz", "qw", "wx", "wy", "wz"]
     for c in ["t"] + state_cols + [f"{m}_erpm" for m in cf]:
@@ -419,7 +419,7 @@ def load_nanodrone(path, *, window: bool = True, align_motors: bool = True, filt
     start, rows, lag = NANODRONE_RUNS.get(path.stem, (0, len(df), None))
     if align_motors:
         if lag is None:
-            lag = 0 if acc is None else estimate_motor_lag(_body_z(q, acc), omega)
+            lag = 0 if acc is None else estimate_motor_lag(np.asarray(quat_rotate_inverse(q, acc))[:, 2], omega)
         omega = shift_rows(omega, lag)
         cmd = None if cmd is None else shift_rows(cmd, lag)
 
@@ -443,13 +443,6 @@ def load_nanodrone(path, *, window: bool = True, align_motors: bool = True, filt
     return log
 
 
-def _body_z(q_wxyz, acc_world):
-    """Body-z component of a world vector: (Rᵀ a)_z = R₁₃ a_x + R₂₃ a_y + R₃₃ a_z."""
-    w, x, y, z = q_wxyz.T
-    r13, r23, r33 = 2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)
-    return r13 * acc_world[:, 0] + r23 * acc_world[:, 1] + r33 * acc_world[:, 2]
-
-
 def filter_log(log: FlightLog, cutoffs_hz: dict) -> FlightLog:
     """Zero-phase low-pass each named field of ``log`` at its cut-off [Hz] (attitude on its log map)."""
     changes = {}
@@ -462,7 +455,7 @@ def filter_log(log: FlightLog, cutoffs_hz: dict) -> FlightLog:
 
 
 def load_log(path, **kwargs) -> FlightLog:
-    """A log by file type: ``.parquet`` → :func:`load_nanodrone`, ``.csv`` → :func:`load_csv`."""
+    """A log by file type: ``.parquet`` → :func:`load_nanodrone` (with ``kwargs``), ``.csv`` → :func:`load_csv`."""
     path = Path(path)
     if path.suffix == ".parquet":
         return load_nanodrone(path, **kwargs)

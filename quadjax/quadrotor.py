@@ -74,7 +74,9 @@ def rotor_thrusts(params: QuadParams, rotor_speeds, energy):
 
 def energy_rate_c(params: QuadParams, rotor_speeds):
     """Ė = Σ k_p ωᵢ³ on components."""
-    return params.k_p * total(tuple(w * w * w for w in rotor_speeds))
+    # k_p inside the sum: outside it, XLA may fold a constant k_p into the RK weight in one
+    # program and not in another (last-bit differences between sharded and unsharded runs)
+    return total(tuple(params.k_p * (w * w * w) for w in rotor_speeds))
 
 
 def energy_rate(params: QuadParams, rotor_speeds):

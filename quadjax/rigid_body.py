@@ -20,7 +20,8 @@ def solve_inertia_c(J, b):
     r0 = A * x0 + (c * h - bb * i) * x1 + (bb * f - c * e) * x2
     r1 = B * x0 + (a * i - c * g) * x1 + (c * d - a * f) * x2
     r2 = C * x0 + (bb * g - a * h) * x1 + (a * e - bb * d) * x2
-    return (r0 / det, r1 / det, r2 / det)
+    inv_det = 1.0 / det  # one reciprocal: XLA may rewrite r / det so, or not, depending on the program
+    return (r0 * inv_det, r1 * inv_det, r2 * inv_det)
 
 
 def solve_inertia(J, b):

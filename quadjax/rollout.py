@@ -1,14 +1,157 @@
-"""Open-loop rollouts: ``lax.scan`` of a stepper over a command sequence."""
+"""Rollouts: ``lax.scan`` of a stepper over time, open loop or under a controller.
+
+Everything here is written for ONE vehicle and batched by ``jax.vmap`` (or the
+helpers :func:`rollout_batch` / :func:`rollout_closed_loop_batch`, and
+:func:`quadjax.sharding.rollout_sharded` across devices). Outputs are batch-first:
+states ``(N, T, ...)``.
+
+Options shared by both rollouts (keyword-only, static under ``jit``):
+
+* ``substeps``: physics steps per command (open loop) or per controller tick
+  (closed loop), each ``dt / substeps`` long, the command held (zero-order hold).
+* ``step``: the integrator, a stepper ``(params, state, command, dt) -> state``
+  or one of the names ``"rk4"``, ``"euler"``, ``"semi_implicit_euler"``. The
+  library's steppers run in component form for the whole horizon (fast path); any
+  other stepper works, joined and split around every call.
+* ``save_every``: keep the state after every ``save_every``-th command (T must be
+  a multiple); ``0`` or ``None`` keeps only the final state (the saved output is
+  then ``None``).
+* ``reduce``, ``reduce_init``: instead of saving states, fold each state (after
+  each command, array form) into a carry, ``reduce(carry, state) -> carry``: a
+  10⁶-vehicle sweep then never holds (N, T, ...) in memory.
+* ``wind`` (T, 3) [m/s], world: the wind during each command (replaces
+  ``params.wind``). ``wrench`` (T, 6): an external body-frame force [N] (first
+  three) and moment [N·m] (last three) during each command, added to the
+  vehicle's own (a disturbance, a payload, a tether). Library steppers only.
+* ``checkpoint``: rematerialise each command's physics in the backward pass
+  (``jax.checkpoint``): reverse-mode memory drops to one state per command.
+* ``unroll``: passed to ``lax.scan`` (measured: no gain on CPU; see benchmarks).
+
+All arithmetic is in the dtype of ``state0``: params, commands, inputs and ``dt``
+are cast to it, so float32 stays float32 under x64.
+
+Speed (benchmarks/RESULTS.md): the state is split into components once before
+the scan and joined only where saved, so the jitted step is element-wise work on
+(N,) arrays that XLA vectorises across vehicles. For very large N, ``block``
+(batch helpers) runs vehicles in tiles of that many, each tile through the whole
+horizon, which keeps the working set in cache.
+"""
+
+from __future__ import annotations
 
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
-from quadjax.integrators import rk4_step
+from quadjax._components import join_state, split, split_params, split_state
+from quadjax.integrators import STEPPERS, component_stepper, rk4_step
 from quadjax.params import QuadParams
 from quadjax.state import QuadState
 
 Stepper = Callable[[QuadParams, QuadState, jax.Array, float], QuadState]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _stepper(step):
+    if isinstance(step, str):
+        if step not in STEPPERS:
+            raise ValueError(f"step={step!r}: unknown integrator; choose one of {sorted(STEPPERS)}")
+        step = STEPPERS[step]
+    if not callable(step):
+        raise ValueError(f"step={step!r}: expected a stepper function or an integrator name")
+    return component_stepper(step)
+
+
+def _check_options(substeps, save_every, num_ticks, reduce):
+    if not isinstance(substeps, int) or substeps < 1:
+        raise ValueError(f"substeps={substeps!r}: expected an int >= 1")
+    if save_every is not None and (not isinstance(save_every, int) or save_every < 0):
+        raise ValueError(f"save_every={save_every!r}: expected an int >= 0 or None")
+    if save_every and reduce is None and num_ticks % save_every:
+        raise ValueError(f"save_every={save_every}: must divide the number of commands/ticks ({num_ticks})")
+    if reduce is not None and not callable(reduce):
+        raise ValueError("reduce: expected a function reduce(carry, state) -> carry")
+
+
+def _series(name, x, num_ticks, width, dtype):
+    """A per-command input (T, width), cast to the state's dtype; ``None`` passes through."""
+    if x is None:
+        return None
+    x = jnp.asarray(x, dtype)
+    if x.shape != (num_ticks, width):
+        raise ValueError(f"{name}: shape {x.shape}, expected ({num_ticks}, {width}) (one row per command)")
+    return x
+
+
+def _setup(params, state0, dt):
+    """Cast params and dt to the state's dtype and split params and state into components."""
+    if not isinstance(state0, QuadState):
+        raise ValueError(f"state0: expected a QuadState, got {type(state0).__name__}")
+    if not isinstance(params, QuadParams):
+        raise ValueError(f"params: expected a QuadParams, got {type(params).__name__}")
+    dtype = jnp.result_type(state0.position)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"state0.position: dtype {dtype}, expected a float dtype")
+    state0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), state0)
+    return split_params(params.astype(dtype)), split_state(state0), jnp.asarray(dt, dtype), dtype
+
+
+def _with_inputs(P, wind_t, wrench_t):
+    """Params and external wrench (component form) for one command."""
+    if wind_t is not None:
+        P = P.replace(wind=split(wind_t))
+    external = None if wrench_t is None else (split(wrench_t[:3]), split(wrench_t[3:]))
+    return P, external
+
+
+def _hold(step_c, P, S, u, h, substeps, external):
+    """``substeps`` steps of ``h`` with command ``u`` held, all in component form."""
+    if substeps == 1:
+        return step_c(P, S, u, h, external)
+    S, _ = jax.lax.scan(lambda s, _: (step_c(P, s, u, h, external), None), S, None, length=substeps)
+    return S
+
+
+# --------------------------------------------------------------------------- scan engine
+
+
+def _drive(tick, carry0, xs, num_ticks, *, save_every, reduce, reduce_init, checkpoint, unroll):
+    """Scan ``tick(carry, x) -> (carry, y)`` over ``num_ticks`` ticks.
+
+    Returns ``(carry, out)``: ``out`` is ``y`` every ``save_every``-th tick stacked on
+    a leading time axis, the ``reduce`` fold of every ``y``, or ``None``.
+    """
+    body = jax.checkpoint(tick) if checkpoint else tick
+
+    def quiet(c, x):
+        return body(c, x)[0], None
+
+    if reduce is not None:
+        def fold(c, x):
+            carry, acc = c
+            carry, y = body(carry, x)
+            return (carry, reduce(acc, y)), None
+
+        (carry, acc), _ = jax.lax.scan(fold, (carry0, reduce_init), xs, length=num_ticks, unroll=unroll)
+        return carry, acc
+    if not save_every:
+        carry, _ = jax.lax.scan(quiet, carry0, xs, length=num_ticks, unroll=unroll)
+        return carry, None
+    if save_every == 1:
+        return jax.lax.scan(body, carry0, xs, length=num_ticks, unroll=unroll)
+    blocks = jax.tree_util.tree_map(lambda x: x.reshape((-1, save_every) + x.shape[1:]), xs)
+
+    def block(c, xb):
+        c, _ = jax.lax.scan(quiet, c, jax.tree_util.tree_map(lambda x: x[:-1], xb), unroll=unroll)
+        return body(c, jax.tree_util.tree_map(lambda x: x[-1], xb))
+
+    return jax.lax.scan(block, carry0, blocks)
+
+
+# --------------------------------------------------------------------------- open loop
 
 
 def rollout(
@@ -18,32 +161,48 @@ def rollout(
     dt,
     *,
     substeps: int = 1,
-    step: Stepper = rk4_step,
+    step: Stepper | str = rk4_step,
+    save_every: int | None = 1,
+    wind=None,
+    wrench=None,
+    reduce: Callable | None = None,
+    reduce_init=None,
+    checkpoint: bool = False,
+    unroll: int = 1,
 ):
     """Fly one vehicle open loop through ``commands`` (T, R) [rad/s], each held for ``dt`` [s].
 
     Each command is held for ``substeps`` physics steps of ``dt / substeps``.
-    Returns ``(final_state, states)``, where ``states`` holds the state after each
-    command with a leading time axis (T, ...). Batch with ``jax.vmap`` (vehicles
-    first, so batched outputs are (N, T, ...)).
+    Returns ``(final_state, states)``: ``states`` holds the state after every
+    ``save_every``-th command with a leading time axis (T // save_every, ...), or is
+    ``None`` (``save_every=0``), or is the ``reduce`` carry. Options: module docstring.
+    Batch with ``jax.vmap`` or :func:`rollout_batch` (outputs (N, T, ...)).
     """
+    P, S, dt, dtype = _setup(params, state0, dt)
+    commands = jnp.asarray(commands, dtype)
+    R = len(S.rotor_speeds)
+    if commands.ndim != 2 or commands.shape[1] != R:
+        raise ValueError(f"commands: shape {commands.shape}, expected (T, {R}) rotor-speed commands")
+    T = commands.shape[0]
+    _check_options(substeps, save_every, T, reduce)
+    step_c = _stepper(step)
+    xs = (commands, _series("wind", wind, T, 3, dtype), _series("wrench", wrench, T, 6, dtype))
     h = dt / substeps
 
-    def hold(state, command):
-        state = _hold(params, state, command, h, substeps, step)
-        return state, state
+    def tick(S, x):
+        u, wind_t, wrench_t = x
+        P_t, external = _with_inputs(P, wind_t, wrench_t)
+        S = _hold(step_c, P_t, S, split(u), h, substeps, external)
+        return S, join_state(S)
 
-    return jax.lax.scan(hold, state0, commands)
+    final, out = _drive(
+        tick, S, xs, T, save_every=save_every, reduce=reduce, reduce_init=reduce_init,
+        checkpoint=checkpoint, unroll=unroll,
+    )
+    return join_state(final), out
 
 
-def _hold(params, state, command, h, substeps, step):
-    """``substeps`` physics steps of ``h`` with the command held (zero-order hold)."""
-
-    def physics(s, _):
-        return step(params, s, command, h), None
-
-    state, _ = jax.lax.scan(physics, state, None, length=substeps)
-    return state
+# --------------------------------------------------------------------------- closed loop
 
 
 def rollout_closed_loop(
@@ -56,24 +215,168 @@ def rollout_closed_loop(
     dt,
     *,
     substeps: int = 1,
-    step: Stepper = rk4_step,
+    step: Stepper | str = rk4_step,
+    observe: Callable | None = None,
+    save_every: int | None = 1,
+    wind=None,
+    wrench=None,
+    reduce: Callable | None = None,
+    reduce_init=None,
+    checkpoint: bool = False,
+    unroll: int = 1,
 ):
     """Fly one vehicle under a pure controller for ``num_ticks`` controller ticks of ``dt`` [s].
 
     ``controller(ctrl_params, ctrl_state, observation, t) -> (command (R,), ctrl_state)``
-    runs once per tick at t = k·dt on the current state (the observation) and its
-    command is held for ``substeps`` physics steps of ``dt / substeps``. Controllers,
-    MPC and system identification all plug in here. Returns ``(final_state,
-    final_ctrl_state, states (T, ...), commands (T, R))``; batch with ``jax.vmap``.
+    runs once per tick at t = k·dt; its command is held for ``substeps`` physics
+    steps of ``dt / substeps`` (the controller's own rate: an integer number of
+    physics steps per tick). The observation is ``observe(params, state, t)``,
+    by default the true state. Controllers, MPC and system identification all plug
+    in here. Returns ``(final_state, final_ctrl_state, states, commands)``, the last
+    two every ``save_every``-th tick (T // save_every, ...) or ``None``; with
+    ``reduce``, ``states`` is the fold of every state and ``commands`` is ``None``.
+    ``wind``/``wrench`` are per tick (num_ticks, 3)/(num_ticks, 6). Batch with
+    ``jax.vmap`` or :func:`rollout_closed_loop_batch`.
     """
+    P, S, dt, dtype = _setup(params, state0, dt)
+    if not isinstance(num_ticks, int) or num_ticks < 1:
+        raise ValueError(f"num_ticks={num_ticks!r}: expected an int >= 1 (static under jit)")
+    _check_options(substeps, save_every, num_ticks, reduce)
+    step_c = _stepper(step)
+    xs = (
+        jnp.arange(num_ticks),
+        _series("wind", wind, num_ticks, 3, dtype),
+        _series("wrench", wrench, num_ticks, 6, dtype),
+    )
     h = dt / substeps
 
-    def tick(carry, k):
-        state, cs = carry
-        command, cs = controller(ctrl_params, cs, state, k * dt)
-        state = _hold(params, state, command, h, substeps, step)
-        return (state, cs), (state, command)
+    def tick(carry, x):
+        S, cs = carry
+        k, wind_t, wrench_t = x
+        t = k * dt
+        state = join_state(S)
+        obs = state if observe is None else observe(params, state, t)
+        command, cs = controller(ctrl_params, cs, obs, t)
+        command = jnp.asarray(command, dtype)
+        P_t, external = _with_inputs(P, wind_t, wrench_t)
+        S = _hold(step_c, P_t, S, split(command), h, substeps, external)
+        y = join_state(S) if reduce is not None else (join_state(S), command)
+        return (S, cs), y
 
-    ticks = jax.numpy.arange(num_ticks)
-    (state, cs), (states, commands) = jax.lax.scan(tick, (state0, ctrl_state0), ticks)
-    return state, cs, states, commands
+    (S, cs), out = _drive(
+        tick, (S, ctrl_state0), xs, num_ticks, save_every=save_every, reduce=reduce,
+        reduce_init=reduce_init, checkpoint=checkpoint, unroll=unroll,
+    )
+    if reduce is not None:
+        return join_state(S), cs, out, None
+    states, commands = (None, None) if out is None else out
+    return join_state(S), cs, states, commands
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def vehicle_axes(params: QuadParams, *fields: str) -> QuadParams:
+    """An ``in_axes`` pytree for ``params``: 0 (one value per vehicle) for ``fields``, None (shared) for the rest.
+
+    ``vehicle_axes(p)`` with no field names maps every leaf. Example: a mass sweep
+    with everything else shared is ``vehicle_axes(p, "mass")`` with ``p.mass`` (N,).
+    """
+    names = [f for f in params.__dataclass_fields__]
+    unknown = [f for f in fields if f not in names]
+    if unknown:
+        raise ValueError(f"vehicle_axes: unknown QuadParams fields {unknown}")
+    chosen = set(fields) if fields else set(names)
+    return params.replace(**{f: (0 if f in chosen else None) for f in names})
+
+
+def _expand_axes(axes, tree):
+    """Broadcast an in_axes prefix (None/0 or a pytree of them) to the full structure of ``tree``."""
+    return jax.tree_util.tree_map(
+        lambda a, sub: jax.tree_util.tree_map(lambda _: a, sub),
+        axes, tree, is_leaf=lambda a: a is None or isinstance(a, int),
+    )
+
+
+def map_vehicles(fn, args: tuple, in_axes: tuple, *, block: int | None = None):
+    """``jax.vmap(fn, in_axes)(*args)`` with outputs batch-first, optionally in tiles of ``block`` vehicles.
+
+    With ``block``, vehicles run ``block`` at a time (``lax.map`` over tiles, each
+    tile vmapped through the whole horizon); a remainder tile is handled. Same
+    results per vehicle; faster for large N (the working set stays in cache).
+    """
+    if block is None:
+        return jax.vmap(fn, in_axes=in_axes)(*args)
+    if not isinstance(block, int) or block < 1:
+        raise ValueError(f"block={block!r}: expected an int >= 1")
+    axes = _expand_axes(tuple(in_axes), tuple(args))
+    leaves, treedef = jax.tree_util.tree_flatten(tuple(args))
+    flat_axes = treedef.flatten_up_to(axes)
+    if any(a not in (0, None) for a in flat_axes):
+        raise ValueError("map_vehicles with block: in_axes entries must be 0 or None")
+    mapped = [x for x, a in zip(leaves, flat_axes) if a == 0]
+    if not mapped:
+        raise ValueError("map_vehicles: no argument is mapped over vehicles (all in_axes None)")
+
+    def one(xs):
+        it = iter(xs)
+        full = [next(it) if a == 0 else x for x, a in zip(leaves, flat_axes)]
+        return fn(*jax.tree_util.tree_unflatten(treedef, full))
+
+    return jax.lax.map(one, mapped, batch_size=block)
+
+
+def rollout_batch(
+    params: QuadParams,
+    state0: QuadState,
+    commands,
+    dt,
+    *,
+    params_axes=None,
+    state_axes=0,
+    commands_axes=0,
+    block: int | None = None,
+    **options,
+):
+    """:func:`rollout` over N vehicles; outputs batch-first (N, ...), states (N, T, ...).
+
+    ``params_axes``: ``None`` one parameter set for all vehicles; ``0`` one per
+    vehicle (leaves with a leading N axis); or a ``QuadParams`` of 0/None per leaf
+    (:func:`vehicle_axes`) to vary only some leaves. ``state_axes`` and
+    ``commands_axes`` likewise (``None`` shares one initial state or command
+    sequence). ``block``: see :func:`map_vehicles`. Other options: :func:`rollout`.
+    """
+    def one(p, s, u):
+        return rollout(p, s, u, dt, **options)
+
+    return map_vehicles(one, (params, state0, commands), (params_axes, state_axes, commands_axes), block=block)
+
+
+def rollout_closed_loop_batch(
+    params: QuadParams,
+    state0: QuadState,
+    controller,
+    ctrl_params,
+    ctrl_state0,
+    num_ticks: int,
+    dt,
+    *,
+    params_axes=None,
+    state_axes=0,
+    ctrl_params_axes=None,
+    ctrl_state_axes=0,
+    block: int | None = None,
+    **options,
+):
+    """:func:`rollout_closed_loop` over N vehicles (axes as in :func:`rollout_batch`).
+
+    ``ctrl_params_axes``: ``None`` one gain set for all, ``0`` one per vehicle.
+    ``ctrl_state_axes``: 0 (per vehicle, the default) or ``None``.
+    """
+    def one(p, s, cp, cs):
+        return rollout_closed_loop(p, s, controller, cp, cs, num_ticks, dt, **options)
+
+    return map_vehicles(
+        one, (params, state0, ctrl_params, ctrl_state0),
+        (params_axes, state_axes, ctrl_params_axes, ctrl_state_axes), block=block,
+    )

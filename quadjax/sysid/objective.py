@@ -71,6 +71,9 @@ class LossWeights:
     'commands' mode; None leaves rotor speeds out). Equal scales weigh the
     channels by their physical size; the measurement noise std makes the
     objective a negative log-likelihood.
+
+    A pytree (the scales are leaves, so changing them does not recompile a
+    fit; a None rotor_speeds is structure).
     """
 
     position: float = 0.01
@@ -82,12 +85,12 @@ class LossWeights:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is not None and not v > 0:
+            if isinstance(v, (int, float)) and not v > 0:
                 raise ValueError(f"LossWeights.{f.name} = {v}: must be > 0 (or None for rotor_speeds)")
 
-    def channels(self, mode: str) -> int:
-        """Residual components per step: 12, plus R rotor speeds where used."""
-        return 12 + (4 if (mode == "commands" and self.rotor_speeds is not None) else 0)
+
+jax.tree_util.register_dataclass(
+    LossWeights, data_fields=["position", "velocity", "attitude", "body_rates", "rotor_speeds"], meta_fields=[])
 
 
 def window_residuals(params: QuadParams, motor_map: MotorMap, window: Windows, dt, weights: LossWeights, *,

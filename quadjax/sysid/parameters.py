@@ -41,6 +41,7 @@ import dataclasses
 import math
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -161,9 +162,9 @@ def _floors(p: QuadParams) -> dict:
     """Starting values [SI] for positive quantities that start at 0 (log(0) has no gradient)."""
     jm = jnp.mean(jnp.diagonal(p.inertia))
     return {
-        "drag_linear": 0.01 * p.mass,          # a 100 s velocity time constant
-        "drag_quadratic": 0.01 * p.mass,
-        "drag_rotational": 0.01 * jm,          # a 100 s body-rate time constant
+        "drag_linear": 0.1 * p.mass,           # a 10 s velocity time constant
+        "drag_quadratic": 0.1 * p.mass,
+        "drag_rotational": 0.1 * jm,           # a 10 s body-rate time constant
         "rotor_inertia": 1e-3 * p.inertia[2, 2],
         "k_m": 1e-3 * _arm(p),
         "motor_tau": jnp.asarray(1e-3, p.mass.dtype),
@@ -209,18 +210,19 @@ class ParamSpec:
     Build it with :meth:`ParamSpec.create`. θ = 0 is the start (``params0``,
     ``motor_map0``, with floors for positive quantities that start at 0).
 
-    Fields: labels (P,) names of the fitted scalars; groups, the chosen
-    components per group; params0, motor_map0; positive (P,) bool; ref (P,)
-    start values (log entries: value = ref·exp θ; affine: value = ref + scale·θ);
-    scale (P,); prior_mean, prior_std (P,) in θ (std = inf where no prior);
-    lower, upper (P,) bounds in θ.
+    A pytree: the arrays are leaves (params0, motor_map0; ref (P,) start values —
+    log entries: value = ref·exp θ, affine: value = ref + scale·θ; scale (P,);
+    prior_mean, prior_std (P,) in θ, std = inf where no prior; lower, upper (P,)
+    bounds in θ) and the structure is static (labels (P,) names of the fitted
+    scalars; groups, the chosen components per group; positive (P,) bools), so
+    two specs of the same structure share one compiled fit.
     """
 
     labels: tuple[str, ...]
     groups: tuple[tuple[str, tuple[int, ...]], ...]
+    positive: tuple[bool, ...]
     params0: QuadParams
     motor_map0: MotorMap
-    positive: np.ndarray
     ref: np.ndarray
     scale: np.ndarray
     prior_mean: np.ndarray
@@ -286,7 +288,7 @@ class ParamSpec:
                 lower[i], upper[i] = _to_theta(lo_i, positive[i], ref[i], scale[i]), \
                     _to_theta(hi_i, positive[i], ref[i], scale[i])
         groups = tuple((g, idx) for g, idx in chosen.items())
-        return cls(tuple(labels), groups, params0, motor_map0, positive, ref, scale,
+        return cls(tuple(labels), groups, tuple(bool(b) for b in positive), params0, motor_map0, ref, scale,
                    prior_mean, prior_std, lower, upper)
 
     @property
@@ -300,14 +302,14 @@ class ParamSpec:
         return self.project(jnp.zeros(self.size, dtype))
 
     def values(self, theta):
-        """Fitted scalars in SI units (P,): ref·exp θ or ref + scale·θ."""
+        """Fitted scalars in SI units (P,): ref·exp θ or ref + scale·θ. Traceable."""
         ref = jnp.asarray(self.ref, theta.dtype)
         scale = jnp.asarray(self.scale, theta.dtype)
-        return jnp.where(self.positive, ref * jnp.exp(theta), ref + scale * theta)
+        return jnp.where(np.asarray(self.positive, bool), ref * jnp.exp(theta), ref + scale * theta)
 
     def value_std(self, theta, theta_std):
         """SI standard deviations (P,) from θ standard deviations, to first order (delta method)."""
-        size = np.where(self.positive, np.abs(np.asarray(self.values(theta))), self.scale)
+        size = np.where(self.positive, np.abs(np.asarray(self.values(jnp.asarray(theta)))), np.asarray(self.scale))
         return size * np.asarray(theta_std)
 
     def unpack(self, theta) -> tuple[QuadParams, MotorMap]:
@@ -324,10 +326,10 @@ class ParamSpec:
         return p, m
 
     def prior_residuals(self, theta):
-        """(θ − mean) / std for the entries with a prior, 0 elsewhere (P,)."""
-        has = np.isfinite(self.prior_std)
-        std = jnp.asarray(np.where(has, self.prior_std, 1.0), theta.dtype)
-        return jnp.where(has, (theta - jnp.asarray(self.prior_mean, theta.dtype)) / std, 0.0)
+        """(θ − mean) / std for the entries with a prior, 0 elsewhere (P,). Traceable."""
+        std = jnp.asarray(self.prior_std, theta.dtype)
+        has = jnp.isfinite(std)
+        return jnp.where(has, (theta - jnp.asarray(self.prior_mean, theta.dtype)) / jnp.where(has, std, 1.0), 0.0)
 
     def project(self, theta):
         """θ clipped into the bounds."""
@@ -335,8 +337,15 @@ class ParamSpec:
 
     def at_bound(self, theta) -> np.ndarray:
         """(P,) True where θ sits on a finite bound."""
-        t = np.asarray(theta)
-        return (np.isfinite(self.lower) & (t <= self.lower + 1e-9)) | (np.isfinite(self.upper) & (t >= self.upper - 1e-9))
+        t, lo, hi = np.asarray(theta), np.asarray(self.lower), np.asarray(self.upper)
+        return (np.isfinite(lo) & (t <= lo + 1e-9)) | (np.isfinite(hi) & (t >= hi - 1e-9))
+
+
+jax.tree_util.register_dataclass(
+    ParamSpec,
+    data_fields=["params0", "motor_map0", "ref", "scale", "prior_mean", "prior_std", "lower", "upper"],
+    meta_fields=["labels", "groups", "positive"],
+)
 
 
 def _select(key, labels, R):

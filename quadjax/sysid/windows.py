@@ -107,8 +107,8 @@ def make_windows(
             raise ValueError(f"log {log.name}: dt {log.dt} differs from {dt} of the first log")
         u = log.rotor_speeds if inputs == "rotor_speeds" else log.motor_commands
         if u is None:
-            raise ValueError(f"log {log.name}: has no {'rotor speeds' if inputs == 'rotor_speeds' else 'motor commands'}"
-                             f" for inputs={inputs!r}")
+            what = "rotor speeds" if inputs == "rotor_speeds" else "motor commands"
+            raise ValueError(f"log {log.name}: has no {what} for inputs={inputs!r}")
         starts = window_starts(len(log), horizon, stride)
         if starts.size == 0:
             continue

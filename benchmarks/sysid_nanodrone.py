@@ -1,0 +1,233 @@
+"""System identification on the real nano-drone flights, validated in the benchmark paper's protocol.
+
+Busetto et al., "Nonlinear System Identification for a Nano-drone Benchmark", CEP 2026
+(data: ../shared/data/nanodrone, README there). Fit on the paper's training flights
+(multisine, random2, square runs 1–4), validate open loop on every random1 run and
+square run 5: from every start index, the measured state, the measured rotor speeds
+held over each 10 ms step, h = 1..50 steps; mean Euclidean position / velocity /
+body-rate error and geodesic attitude angle, and the sum over h = 1..50.
+
+Rows: the constant-state ("naive") predictor, the un-fitted preset
+``crazyflie21_brushless``, and two fits:
+
+* rigid body — k_f, J (diagonal, bounded to 0.5–4× the data card's value), k_m,
+  linear drag, centre-of-mass x/y: the physical model, parameters kept physical;
+* rigid body + rate damping — the same plus rotational damping, J up to 100×: the
+  best the library's model does when the fit may trade torque authority for damping.
+
+Writes benchmarks/out/sysid_nanodrone.{json,md} and benchmarks/SYSID_RESULTS.md.
+The data never enter the repository. Run: ``python benchmarks/sysid_nanodrone.py``
+(about 10–20 min on 2 shared cores; ``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = {  # held-out flight, h = 50 (GUIDE §5; Busetto et al. CEP 2026)
+    "physics baseline (paper)": {"position": 0.127, "body_rates": 0.884},
+    "best learned model (paper)": {"position": 0.112, "body_rates": 0.598},
+}
+
+
+def variants(p0):
+    J0 = np.diag(np.asarray(p0.inertia))
+    rigid = dict(
+        names="k_f,inertia,k_m,drag_linear,com_offset.x,com_offset.y",
+        bounds={"k_f": (3.0e-8, 4.5e-8), "inertia": (0.5 * J0, 4.0 * J0), "k_m": (1e-4, 2e-2),
+                "drag_linear": (0.0, 0.3), "com_offset": (-0.005, 0.005)},
+    )
+    damped = dict(
+        names="k_f,inertia,k_m,drag_linear,drag_rotational,com_offset.x,com_offset.y",
+        bounds={"k_f": (3.0e-8, 4.5e-8), "inertia": (0.5 * J0, 100.0 * J0), "k_m": (1e-4, 2e-2),
+                "drag_linear": (0.0, 0.3), "drag_rotational": (0.0, 1e-2), "com_offset": (-0.005, 0.005)},
+    )
+    return {"fitted: rigid body": rigid, "fitted: rigid body + rate damping": damped}
+
+
+def torque_diagnostics(train, test):
+    """How much of the angular acceleration the quasi-static rotor model can explain.
+
+    Least squares of J ω̇ + ω × J ω (finite differences of the filtered rates, data-card J)
+    on the four ωᵢ² and a constant, per axis, fitted on the training flights: R² on the
+    training and the held-out flights. Also the error at h = 50 of predicting zero body
+    rate (the attitude loop's mean reversion), for scale.
+    """
+    J = np.array([2.3951e-5, 2.3951e-5, 3.2347e-5])
+
+    def xy(logs):
+        X, Y = [], []
+        for lg in logs:
+            w = lg.body_rates
+            X.append(np.concatenate([lg.rotor_speeds ** 2, np.ones((len(w), 1))], axis=1))
+            Y.append(np.gradient(w, lg.dt, axis=0) * J + np.cross(w, w * J))
+        return np.concatenate(X), np.concatenate(Y)
+
+    X, Y = xy(train)
+    coef, *_ = np.linalg.lstsq(X, Y, rcond=None)
+    Xt, Yt = xy(test)
+    r2 = lambda y, x: 1 - ((y - x @ coef) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)  # noqa: E731
+    zero = np.mean(np.concatenate([np.linalg.norm(lg.body_rates[50:], axis=1) for lg in test]))
+    return {"r2_train": r2(Y, X).tolist(), "r2_test": r2(Yt, Xt).tolist(), "zero_rate_h50": float(zero)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", help="nano-drone folder (default: ../shared/data/nanodrone or $QUADJAX_NANODRONE_DIR)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 training flights, few steps")
+    ap.add_argument("--stride", type=int, default=100,
+                    help="rows between training-window starts (default 100: every other 0.5 s window)")
+    ap.add_argument("--val-stride", type=int, default=1, help="validation start-index stride (1 = protocol)")
+    ap.add_argument("--adam-steps", type=int, default=200)
+    ap.add_argument("--lbfgs-steps", type=int, default=100)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
+    args = ap.parse_args(argv)
+
+    jax.config.update("jax_enable_x64", True)  # a script, not the library: fit in float64
+    from quadjax import presets
+    from quadjax.logs import NANODRONE_TEST, NANODRONE_TRAIN, load_nanodrone, nanodrone_dir
+    from quadjax.sysid import fit, format_table, open_loop_errors
+    from quadjax.sysid.io import save_fit
+
+    folder = Path(args.data) if args.data else nanodrone_dir(ROOT)
+    if folder is None or not folder.is_dir():
+        print("nano-drone data not found; nothing to do", file=sys.stderr)
+        return 0
+    train_names = NANODRONE_TRAIN[::6] if args.quick else NANODRONE_TRAIN
+    test_names = NANODRONE_TEST[:1] if args.quick else NANODRONE_TEST
+    steps = (20, 10) if args.quick else (args.adam_steps, args.lbfgs_steps)
+    val_stride = 10 if args.quick else args.val_stride
+
+    t0 = time.perf_counter()
+    train = [load_nanodrone(folder / f"{n}.parquet") for n in train_names]
+    test = [load_nanodrone(folder / f"{n}.parquet") for n in test_names]
+    t_load = time.perf_counter() - t0
+    p0 = presets.crazyflie21_brushless(dtype="float64")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    rows, timings, fits = {}, {"load_s": t_load}, {}
+    t = time.perf_counter()
+    rows["naive (constant state)"] = open_loop_errors(None, test, stride=val_stride)
+    rows["preset crazyflie21_brushless"] = open_loop_errors(p0, test, stride=val_stride)
+    timings["validate_naive_and_preset_s"] = time.perf_counter() - t
+    for label, cfg in variants(p0).items():
+        t = time.perf_counter()
+        result = fit(train, cfg["names"], p0, bounds=cfg["bounds"], horizon=50, stride=args.stride,
+                     adam_steps=steps[0], lbfgs_steps=steps[1], warn=False)
+        t_fit = time.perf_counter() - t
+        t = time.perf_counter()
+        rows[label] = open_loop_errors(result.params, test, stride=val_stride)
+        per_flight = {lg.name: open_loop_errors(result.params, lg, stride=max(val_stride, 5)).summary()
+                      for lg in test}
+        t_val = time.perf_counter() - t
+        timings[label] = {"fit_s": t_fit, "validate_s": t_val, "iterations": int(len(result.loss_history))}
+        slug = "rigid" if "damping" not in label else "damped"
+        save_fit(out / f"sysid_nanodrone_{slug}.json", result.params, inputs="rotor_speeds",
+                 estimates=result.estimates(), validation=rows[label].summary(),
+                 fit_info={"names": cfg["names"], "windows": result.windows, "horizon": result.horizon,
+                           "objective": [float(result.loss_history[0]), float(result.loss_history[-1])],
+                           "fisher_rank": result.uncertainty.rank,
+                           "unidentifiable": list(result.uncertainty.unidentifiable)})
+        fits[label] = {"table": result.table(), "estimates": result.estimates(), "windows": result.windows,
+                       "per_flight_stride5": per_flight,
+                       "unidentifiable": list(result.uncertainty.unidentifiable),
+                       "at_bound": [lab for lab, b in zip(result.labels, result.spec.at_bound(result.theta)) if b]}
+        print(f"{label}: fit {t_fit:.0f} s, validation {t_val:.0f} s", flush=True)
+        print(result.table(), flush=True)
+
+    diag = torque_diagnostics(train, test)
+    published = {name: {(k, q): v for q, v in vals.items() for k in ("h50",)} for name, vals in PUBLISHED.items()}
+    table = format_table(rows, published=published)
+    n_starts = rows["naive (constant state)"].n_starts
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+               f"(load average {os.getloadavg()[0]:.1f} at the end), jax {jax.__version__}, float64")
+    doc = {
+        "protocol": {"train": list(train_names), "test": list(test_names), "horizon": 50,
+                     "validation_stride": val_stride, "n_starts": n_starts, "train_window_stride": args.stride,
+                     "processing": "paper's low-pass filters and motor-lag alignment; no planner-offset subtraction"},
+        "results": {name: err.summary() for name, err in rows.items()},
+        "published_h50": PUBLISHED, "fits": fits, "diagnostics": diag, "timings": timings, "machine": machine,
+    }
+    (out / "sysid_nanodrone.json").write_text(json.dumps(doc, indent=2))
+    (out / "sysid_nanodrone.md").write_text(table + "\n")
+    if not args.quick:
+        (ROOT / "benchmarks" / "SYSID_RESULTS.md").write_text(report(doc, table, rows, fits, diag, timings))
+    print(table)
+    return 0
+
+
+def report(doc, table, rows, fits, diag, timings) -> str:
+    """The Markdown report: protocol, table, fitted parameters, what limits the body rates."""
+    best = rows["fitted: rigid body + rate damping"].at(50)
+    rigid = rows["fitted: rigid body"].at(50)
+    naive = rows["naive (constant state)"].at(50)
+    preset = rows["preset crazyflie21_brushless"].at(50)
+    r2tr, r2te = np.round(diag["r2_train"], 2), np.round(diag["r2_test"], 2)
+    p = doc["protocol"]
+    fit_lines = []
+    for label, f in fits.items():
+        tm = timings[label]
+        fit_lines += [f"### {label}", "", f"{f['windows']} windows × 50 steps; {tm['iterations']} iterations, "
+                      f"fit {tm['fit_s']:.0f} s, validation {tm['validate_s']:.0f} s. At a bound: "
+                      f"{', '.join(f['at_bound']) or 'none'}.", "", "```", f["table"], "```", ""]
+    return "\n".join([
+        "# System identification on the nano-drone flights",
+        "",
+        "Generated by `python benchmarks/sysid_nanodrone.py` (Busetto et al., CEP 2026 data; "
+        "README in `../shared/data/nanodrone`).",
+        "",
+        f"* Fit: {', '.join(p['train'])} — multiple shooting, 0.5 s windows starting every "
+        f"{p['train_window_stride']} rows (every other non-overlapping window: the start indices are "
+        "subsampled to keep the fit to minutes), measured rotor speeds as inputs.",
+        f"* Validation: {', '.join(p['test'])} — every start index ({p['n_starts']} starts), measured state, "
+        "measured rotor speeds held over each 10 ms step, h = 1..50; mean Euclidean errors, geodesic "
+        "attitude angle; Σ = sum over h = 1..50.",
+        f"* Processing: {p['processing']}. Machine: {doc['machine']}.",
+        "",
+        table,
+        "",
+        "## What it reaches, and what limits it",
+        "",
+        f"* Position at h = 50: {best['position']:.3f} m for the fit with rate damping "
+        f"({rigid['position']:.3f} m for the rigid body kept physical), against 0.127 m (paper's physics "
+        f"baseline) and 0.112 m (best published model); naive {naive['position']:.3f} m, un-fitted preset "
+        f"{preset['position']:.3f} m.",
+        f"* Body rates at h = 50: {best['body_rates']:.3f} rad/s with rate damping, "
+        f"{rigid['body_rates']:.3f} rad/s for the physical rigid body, {preset['body_rates']:.3f} rad/s "
+        f"un-fitted; naive {naive['body_rates']:.3f}, paper 0.884 (physics) and 0.598 (best). Predicting "
+        f"zero body rate gives {diag['zero_rate_h50']:.3f} rad/s on these flights: most of what any model "
+        "gains at h = 50 is the attitude loop's mean reversion, not the rotor torques.",
+        "* The rigid-body torque channel is the limit. A least-squares fit of the measured angular "
+        "acceleration (J ω̇ + ω × J ω) on the four ωᵢ² explains R² = "
+        f"{r2tr[0]}/{r2tr[1]}/{r2tr[2]} (roll/pitch/yaw) of it on the training flights and "
+        f"{r2te[0]}/{r2te[1]}/{r2te[2]} on the held-out ones: the eRPM telemetry does not carry the "
+        "torque the body feels at 100 Hz, and what it carries does not transfer between flights. "
+        "Kept physical (J ≤ 4× the data card's), the fitted rigid body integrates that torque noise into "
+        "body-rate errors worse than the naive predictor; allowed to, the fit raises J to its bound and "
+        "adds rotational damping — an effective model of the closed attitude loop, not of the airframe "
+        "(its J and damping are not physical values, and the identifiability report flags them).",
+        "* Missing physics the library's model does not have: the rotor reaction torque I_R·ω̇ᵢ about z "
+        "(the data README: yaw follows motor-speed changes about 3 samples earlier), the rotors' inflow "
+        "dependence of thrust and torque, and per-flight changes (battery swaps move the centre of mass). "
+        "The paper's per-column offset subtraction against the planner's simulated flight is not repeated "
+        "(the simulations are not in the data).",
+        "",
+        "## Fitted parameters (± sandwich std; flags from the Fisher information)",
+        "",
+        *fit_lines,
+    ]) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

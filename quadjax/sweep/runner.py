@@ -1,0 +1,470 @@
+"""The sweep runner: randomised vehicles fly a mission in closed loop, chunk by chunk.
+
+The compiled unit is a *block* of ``block_size`` vehicles per device: a ``lax.scan`` over
+controller ticks whose body is ``vmap``-ed over the block's vehicles. Each tick a
+vehicle's controller sees its (possibly noisy) state, its command is held over
+``substeps`` physics steps of the plant with the gust added to its wind, and the state
+after the tick is judged:
+
+* crash checks, first hit wins (codes in :data:`quadjax.sweep.stats.CRASH_IDS`): a state
+  invariant (:func:`quadjax.state_violation`), ground contact while the reference is more
+  than ``ground_clearance`` above the ground, tilt beyond ``max_tilt_deg``, tracking error
+  beyond ``max_error`` (or not finite). Parameters that break I1 are a crash at t = 0.
+  A crashed vehicle is frozen at its last good state, so a diverging vehicle is reported
+  as a crash and never spreads a NaN into the statistics or the batch;
+* streaming statistics per vehicle, over the ticks it is still flying: sum of squared
+  tracking error, max error, min cos(tilt), ticks saturated; energy is the state's own;
+* the fleet-wide tracking-error histogram (:class:`~quadjax.sweep.stats.ErrorHistogram`),
+  integer counts carried in the scan;
+* full trajectories only for the first ``keep_trajectories`` vehicles of the sweep.
+
+Vehicle i draws everything from ``fold_in(key(seed), i)`` and the per-tick noise from
+``fold_in(·, tick)``; every operation on a vehicle is element-wise across the batch and the
+only cross-vehicle sum is over integers. XLA's CPU code for an element-wise program is not
+bit-identical across batch shapes, nor across the lanes of one batch (vector loops and
+their tails differ, e.g. in FMA contraction: measured 1-ulp differences in the energy), so
+every block is the same compiled program on the same shape, and vehicle i always sits in
+lane i mod block_size (chunks hold whole blocks). The results are then bit-for-bit
+identical for any chunk size, any resume point and (``shard_map`` gives each device the
+same per-block program) any number of devices, for a given ``block_size`` (which is
+therefore part of the sweep's identity).
+
+Each call runs one block on every local device (``jax.shard_map`` over a 1-D mesh);
+a chunk of ``chunk_size`` vehicles is as many calls as it needs and goes to disk as one
+file when it finishes (:mod:`quadjax.sweep.store`); a rerun resumes.
+
+What could move into ``quadjax.rollout`` later: the closed-loop tick with a per-step wind
+(``_tick``'s first half) and the freeze-on-violation pattern.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from quadjax import control as C
+from quadjax import presets
+from quadjax._components import join_state, split, split_params, split_state
+from quadjax.integrators import STEPPERS, component_stepper
+from quadjax.invariants import state_violation
+from quadjax.mixer import mixer_params_from
+from quadjax.sweep import stats as S
+from quadjax.sweep.config import SweepConfig
+from quadjax.sweep.gusts import Gusts, gust_init, gust_step
+from quadjax.sweep.randomise import (
+    InitialSpread, RandomSpec, SensorNoise, initial_state, observe, raw_draws, sample_valid_params, standard_normal,
+)
+from quadjax.sweep.store import SweepStore, write_npz
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """What the compiled block depends on structurally (hashable); the numbers are traced."""
+
+    num_ticks: int
+    substeps: int
+    stepper: str
+    controller: str
+    rates: C.CascadeRates | None
+    random: RandomSpec
+    gusts: bool
+    gust_every: int
+    noise: bool
+    keep: int
+    histogram: S.ErrorHistogram
+    ground_crash: bool
+    knows_vehicle: bool
+
+
+def make_reference(trajectory: dict, duration: float, dtype):
+    """The reference trajectory pytree of a config's ``[trajectory]`` table."""
+    a = functools.partial(jnp.asarray, dtype=dtype)
+    t = trajectory
+    kind = t["kind"]
+    if kind == "figure8":
+        return C.Figure8(center=a(t["center"]), a=a(t["a"]), b=a(t["b"]), omega=a(2 * math.pi / t["period"]),
+                         yaw=a(t["yaw"]))
+    if kind == "circle":
+        return C.Circle(center=a(t["center"]), radius=a(t["radius"]), omega=a(2 * math.pi / t["period"]),
+                        yaw=a(t["yaw"]))
+    if kind == "hover":
+        return C.Hover(position=a(t["position"]), yaw=a(t["yaw"]))
+    if kind == "c4d_figure8":
+        return C.C4dFigure8(a=a(t["a"]), b=a(t["b"]), omega=a(2 * math.pi / t["period"]), z_ref=a(t["altitude"]),
+                            t_takeoff=a(t["t_takeoff"]), t_land=a(t["t_land"]), t_end=a(duration))
+    if kind == "minimum_snap":
+        return C.minimum_snap(t["waypoints"], t["durations"], yaw=t["yaw"], dtype=dtype)
+    raise ValueError(f"config: trajectory.kind = {kind!r}: unknown")
+
+
+def prepare(config: SweepConfig):
+    """(static, values): the compiled structure and the traced numbers of a sweep."""
+    dtype = jnp.dtype(config.dtype)
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+        raise ValueError("config: dtype = \"float64\" needs 64-bit JAX: set JAX_ENABLE_X64=1 in the environment")
+    nominal = presets.get(config.preset, dtype=dtype)
+    reference = make_reference(config.trajectory, config.duration, dtype)
+    if config.controller == "pid":
+        ctrl = C.PIDController.create(nominal, reference)
+        rates = C.CascadeRates(dt=config.control_dt, position_every=config.position_every,
+                               attitude_every=config.attitude_every)
+    else:
+        ctrl = C.GeometricController.create(nominal, reference)
+        rates = None
+    a = functools.partial(jnp.asarray, dtype=dtype)
+    gusts = Gusts.create(config.gusts["sigma"], config.gusts["tau"], dtype=dtype) if config.gusts else None
+    noise = SensorNoise.create(**config.sensor_noise, dtype=dtype) if config.sensor_noise else None
+    static = Static(
+        num_ticks=config.num_ticks, substeps=config.substeps, stepper=config.stepper, controller=config.controller,
+        rates=rates, random=config.random.skeleton(), gusts=gusts is not None,
+        gust_every=config.gusts["update_every"] if config.gusts else 1, noise=noise is not None,
+        keep=config.keep_trajectories, histogram=config.histogram, ground_crash=config.crash["ground"],
+        knows_vehicle=config.knows_vehicle,
+    )
+    values = {
+        "nominal": nominal,
+        "ctrl": ctrl,
+        "random": config.random.values(dtype),
+        "initial": InitialSpread.create(**config.initial, dtype=dtype),
+        "gusts": gusts,
+        "noise": noise,
+        "max_error": a(config.crash["max_error"]),
+        "cos_max_tilt": a(math.cos(math.radians(config.crash["max_tilt_deg"]))),
+        "clearance": a(config.crash["ground_clearance"]),
+        "dt": a(config.control_dt),
+        "key": jax.random.PRNGKey(config.seed),
+    }
+    return static, values
+
+
+def _law(static: Static):
+    if static.controller == "pid":
+        return functools.partial(C.pid_control, rates=static.rates), C.pid_init
+    return C.geometric_control, C.geometric_init
+
+
+def _controller_for(static: Static, ctrl, params):
+    """The nominal controller, or (``knows_vehicle``) one built on this vehicle's parameters."""
+    if not static.knows_vehicle:
+        return ctrl
+    return ctrl.replace(model=C.ControllerModel.from_params(params),
+                        mixer=mixer_params_from(params, layout=ctrl.mixer.layout))
+
+
+def _saturated(params, command, ctrl_state):
+    """Any rotor command at the plant's clamp (ω_min, ω_max, to 10⁻⁴ ω_max), or the
+    controller's own mixer report (where it keeps one) cutting any axis."""
+    tol = 1e-4 * params.omega_max
+    sat = jnp.any((command >= params.omega_max - tol) | (command <= params.omega_min + tol))
+    report = getattr(ctrl_state, "saturation", None)
+    return sat if report is None else sat | jnp.any(report != 0)
+
+
+def _setup(static: Static, v: dict, index):
+    """One vehicle's constants and initial carry, from its index in the sweep."""
+    key = jax.random.fold_in(v["key"], index)
+    k_params, k_init, k_ticks = (jax.random.fold_in(key, j) for j in range(3))
+    params, ok = sample_valid_params(v["nominal"], static.random, v["random"], k_params)
+    dtype = params.mass.dtype
+    ctrl = _controller_for(static, v["ctrl"], params)
+    z = standard_normal(raw_draws(k_init, 15, dtype))
+    state = initial_state(params, ctrl.reference, v["initial"], z[:12].reshape(4, 3))
+    zero = jnp.zeros((), dtype)
+    # only the varied fields are per vehicle: the shared ones stay unbatched constants
+    vehicle = {"varied": {f: getattr(params, f) for f in static.random.varied_fields}, "k_ticks": k_ticks}
+    if static.knows_vehicle:
+        vehicle["ctrl"] = ctrl
+    carry = {
+        "state": state,
+        "cs": _law(static)[1](ctrl, state),
+        "gust": gust_init(v["gusts"], z[12:]) if static.gusts else jnp.zeros(3, dtype),
+        "alive": ok,
+        "crash_code": jnp.where(ok, 0, S.INVALID_PARAMS).astype(jnp.int32),
+        "crash_tick": jnp.where(ok, -1, 0).astype(jnp.int32),
+        "err_sq": zero, "err_max": zero, "cos_tilt_min": zero + 1.0,
+        "samples": jnp.zeros((), jnp.int32), "sat_ticks": jnp.zeros((), jnp.int32),
+    }
+    return vehicle, carry
+
+
+def _tick(static: Static, v: dict, vehicle: dict, c: dict, k, t, ref1):
+    """One controller tick of one vehicle → (next carry, tracking error [m] after the tick)."""
+    ctrl = vehicle["ctrl"] if static.knows_vehicle else v["ctrl"]
+    params = v["nominal"].replace(**vehicle["varied"])
+    dtype = params.mass.dtype
+
+    def draws(n):  # this tick's draws: 3 for the gust, then 12 for the sensors
+        return standard_normal(raw_draws(jax.random.fold_in(vehicle["k_ticks"], k), n, dtype))
+
+    z = draws(15) if static.noise else None
+    obs = observe(c["state"], v["noise"], z[3:].reshape(4, 3)) if static.noise else c["state"]
+    command, cs1 = _law(static)[0](ctrl, c["cs"], obs, t)
+    # physics in component form (quadjax._components): split once per tick, not per step
+    plant = split_params(params)
+    if static.gusts:
+        plant = plant.replace(wind=tuple(w + g for w, g in zip(plant.wind, split(c["gust"]))))
+    step, h, u = component_stepper(STEPPERS[static.stepper]), v["dt"] / static.substeps, split(command)
+    s1 = jax.lax.fori_loop(0, static.substeps, lambda _, s: step(plant, s, u, h), split_state(c["state"]),
+                           unroll=False)
+    s1 = join_state(s1)
+    gust1 = c["gust"]
+    if static.gusts:  # stepped over `gust_every` ticks at the last of them, held in between
+        every = static.gust_every
+        gust1 = jax.lax.cond(
+            k % every == every - 1,  # k is the same for every vehicle: a real branch under vmap
+            lambda: gust_step(v["gusts"], c["gust"], draws(3) if z is None else z[:3], every * v["dt"]),
+            lambda: c["gust"],
+        )
+
+    d = [s1.position[i] - ref1.position[i] for i in range(3)]
+    error = jnp.sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2])
+    qx, qy = s1.attitude[1], s1.attitude[2]
+    cos_tilt = 1.0 - 2.0 * (qx * qx + qy * qy)
+    ground = (s1.on_ground > 0.5) & (ref1.position[2] - params.ground_z > v["clearance"])
+    violation = state_violation(params, s1)
+    cause = jnp.select(
+        [violation != 0, ground & static.ground_crash, ~(cos_tilt >= v["cos_max_tilt"]), ~(error <= v["max_error"])],
+        [violation, S.GROUND, S.TILT, S.LOST], 0,
+    ).astype(jnp.int32)
+    alive = c["alive"] & (cause == 0)
+    crashed_now = c["alive"] & (cause != 0)
+
+    def kept(new, old):
+        return jax.tree_util.tree_map(lambda x, y: jnp.where(alive, x, y), new, old)
+
+    return {
+        "state": kept(s1, c["state"]),
+        "cs": kept(cs1, c["cs"]),
+        "gust": gust1,
+        "alive": alive,
+        "crash_code": jnp.where(crashed_now, cause, c["crash_code"]),
+        "crash_tick": jnp.where(crashed_now, k + 1, c["crash_tick"]),
+        "err_sq": jnp.where(alive, c["err_sq"] + error * error, c["err_sq"]),
+        "err_max": jnp.where(alive, jnp.maximum(c["err_max"], error), c["err_max"]),
+        "cos_tilt_min": jnp.where(alive, jnp.minimum(c["cos_tilt_min"], cos_tilt), c["cos_tilt_min"]),
+        "samples": c["samples"] + alive.astype(jnp.int32),
+        "sat_ticks": c["sat_ticks"] + (alive & _saturated(params, command, cs1)).astype(jnp.int32),
+    }, error
+
+
+def run_chunk(static: Static, v: dict, index, valid):
+    """Fly the vehicles ``index`` (B,) int32 (``valid`` (B,) bool marks padding) for the whole
+    mission. Returns (per-vehicle outputs, histogram counts, kept trajectories (T, K, …))."""
+    dtype = v["nominal"].mass.dtype
+    reference = v["ctrl"].reference
+    vehicle, carry0 = jax.vmap(functools.partial(_setup, static, v))(index)
+    tick = jax.vmap(functools.partial(_tick, static, v), in_axes=(0, 0, None, None, None))
+    hist = static.histogram
+    K = min(static.keep, index.shape[0])
+
+    def body(carry, k):
+        c, counts = carry
+        t = k.astype(dtype) * v["dt"]
+        ref1 = reference((k + 1).astype(dtype) * v["dt"])
+        c, error = tick(vehicle, c, k, t, ref1)
+        counted = c["alive"] & valid
+        bins = jnp.where(counted, hist.index(error), hist.num_bins)
+        counts = counts + jnp.bincount(bins, length=hist.num_bins + 1)[:-1].astype(jnp.int32)
+        return (c, counts), (c["state"].position[:K], error[:K], c["alive"][:K])
+
+    ticks = jnp.arange(static.num_ticks, dtype=jnp.int32)
+    (c, counts), kept = jax.lax.scan(body, (carry0, jnp.zeros(hist.num_bins, jnp.int32)), ticks)
+    s = c["state"]
+    end = reference(jnp.asarray(static.num_ticks, dtype) * v["dt"]).position
+    d = s.position - end
+    out = {
+        "crash_code": c["crash_code"],
+        "crash_tick": c["crash_tick"],
+        "rms_error": jnp.sqrt(c["err_sq"] / jnp.maximum(c["samples"], 1).astype(dtype)),
+        "max_error": c["err_max"],
+        "max_tilt": jnp.arccos(jnp.clip(c["cos_tilt_min"], -1.0, 1.0)),
+        "energy": s.energy - carry0["state"].energy,
+        "saturation_time": c["sat_ticks"].astype(dtype) * v["dt"],
+        "final_error": jnp.sqrt(d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1] + d[:, 2] * d[:, 2]),
+        "samples": c["samples"],
+        "params_ok": carry0["alive"],
+    }
+    for name, value in vehicle["varied"].items():
+        out["param_" + name] = value
+    return out, counts, kept
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(static, values, index, valid, mesh):
+    """The compiled call (one block per device of ``mesh``), compiled once per process."""
+    leaves, tree = jax.tree_util.tree_flatten((values, index, valid))
+    key = (static, tree, tuple((x.shape, str(x.dtype)) for x in leaves), mesh)
+    if key not in _COMPILED:
+        def per_device(v, index, valid):
+            out, counts, kept = run_chunk(static, v, index, valid)
+            return out, counts[None], jax.tree_util.tree_map(lambda x: x[None], kept)
+
+        spec = PartitionSpec("devices")
+        call = jax.shard_map(per_device, mesh=mesh, in_specs=(PartitionSpec(), spec, spec),
+                             out_specs=(spec, spec, spec), check_vma=False)
+        _COMPILED[key] = jax.jit(call).lower(values, index, valid).compile()
+    return _COMPILED[key]
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """A finished sweep: ``summary`` (the figures, JSON-able), ``vehicles`` (per-vehicle arrays
+    in index order), ``counts`` (error histogram), ``trajectories`` (kept vehicles: index (K,),
+    time (T,) [s], reference (T, 3), position (K, T, 3), error (K, T), alive (K, T)),
+    ``timings`` [s] and the results folder (None for an in-memory sweep)."""
+
+    config: SweepConfig
+    summary: dict
+    vehicles: dict
+    counts: np.ndarray
+    trajectories: dict
+    timings: dict
+    out_dir: Path | None
+
+
+def _versions() -> dict:
+    import quadjax
+
+    return {"quadjax": getattr(quadjax, "__version__", "0.1.0"), "jax": jax.__version__}
+
+
+def run_sweep(config: SweepConfig, out_dir=None, *, overwrite: bool = False, progress=None,
+              plots: bool = True) -> SweepResult:
+    """Run (or resume) the sweep ``config`` describes.
+
+    out_dir: results folder (see :mod:`quadjax.sweep.store`); None keeps everything in
+        memory (no resume). progress: optional ``callback(dict)`` after compilation and
+        after each chunk (keys: phase, chunk, chunks, vehicles_done, vehicles, elapsed_s).
+    """
+    t_start = time.perf_counter()
+    static, values = prepare(config)
+    versions = _versions()
+    store = None
+    block = min(config.block_size, config.vehicles)
+    # a vehicle must sit in the same lane of its block however the sweep is chunked: XLA's
+    # CPU code differs between vector-loop lanes and tails, so chunks hold whole blocks
+    chunk = -(-min(config.chunk_size, config.vehicles) // block) * block
+    if out_dir is not None:
+        store = SweepStore.open(out_dir, config=config.resolved, config_hash=config.hash(versions),
+                                vehicles=config.vehicles, chunk_size=chunk, overwrite=overwrite, versions=versions)
+        chunk = store.chunk_size
+    num_chunks = -(-config.vehicles // chunk)
+    done = set(store.completed()) if store else set()
+    memory: dict = {}
+
+    devices = jax.local_devices()
+    mesh = Mesh(np.asarray(devices), ("devices",))
+    by_vehicle = NamedSharding(mesh, PartitionSpec("devices"))
+    values = jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
+    report = progress or (lambda event: None)
+    timings = {"compile_s": 0.0, "flight_s": 0.0}
+    todo = [i for i in range(num_chunks) if i not in done]
+    if todo:
+        t0 = time.perf_counter()
+        compiled = _compiled(static, values, *_call_inputs(0, 1, block * len(devices), by_vehicle), mesh)
+        timings["compile_s"] = time.perf_counter() - t0
+        report({"phase": "compiled", "chunk": 0, "chunks": num_chunks, "vehicles_done": len(done) * chunk,
+                "vehicles": config.vehicles, "elapsed_s": time.perf_counter() - t_start,
+                "compile_s": timings["compile_s"], "devices": len(devices)})
+    for i in todo:
+        t0 = time.perf_counter()
+        first, end = i * chunk, min((i + 1) * chunk, config.vehicles)
+        per_call = block * len(devices)
+        calls = [compiled(values, *_call_inputs(start, end, per_call, by_vehicle))  # dispatched asynchronously
+                 for start in range(first, end, per_call)]
+        arrays = _chunk_arrays(first, end, config, jax.device_get(calls))
+        timings["flight_s"] += time.perf_counter() - t0
+        if store:
+            store.write_chunk(i, arrays)
+        else:
+            memory[i] = arrays
+        done.add(i)
+        report({"phase": "chunk", "chunk": i + 1, "chunks": num_chunks,
+                "vehicles_done": min(len(done) * chunk, config.vehicles), "vehicles": config.vehicles,
+                "elapsed_s": time.perf_counter() - t_start})
+    chunks = (store.read_chunk(i) if store else memory[i] for i in range(num_chunks))
+    result = _aggregate(config, chunks, timings)
+    timings["total_s"] = time.perf_counter() - t_start
+    result.summary["timings_s"] = dict(timings)
+    if store:
+        result.out_dir = store.root
+        write_npz(store.root / "vehicles.npz", result.vehicles)
+        write_npz(store.root / "trajectories.npz", result.trajectories)
+        if plots:
+            from quadjax.sweep.plots import save_plots
+
+            save_plots(result, store.root / "plots")
+        store.finish(result.summary, {"timings_s": timings, "devices": len(devices)})
+    return result
+
+
+def _call_inputs(start, end, size, sharding):
+    """Vehicle indices start … start + size − 1 of one call; ``valid`` masks those ≥ end
+    (they are computed, as real vehicles of the next chunk would be, and dropped)."""
+    index = np.arange(start, start + size, dtype=np.int32)
+    return jax.device_put(index, sharding), jax.device_put(index < end, sharding)
+
+
+def _chunk_arrays(first, end, config, calls):
+    """What a chunk file holds: its vehicles' outputs, histogram counts and kept trajectories."""
+    n = end - first
+    outs = [c[0] for c in calls]
+    arrays = {"vehicle_index": np.arange(first, end, dtype=np.int64),
+              "counts": np.sum([np.asarray(c[1], np.int64).sum(0) for c in calls], axis=0)}
+    arrays.update({k: np.concatenate([np.asarray(o[k]) for o in outs])[:n] for k in outs[0]})
+    # kept rows: per call and device, the first K of its block; keep those with index < K
+    kept = {"index": [], "position": [], "error": [], "alive": []}
+    devices = calls[0][2][0].shape[0]
+    block = len(np.asarray(outs[0]["crash_code"])) // devices
+    for j, (_, _, (position, error, alive)) in enumerate(calls):
+        for d in range(devices):
+            start = first + (j * devices + d) * block
+            rows = max(0, min(config.keep_trajectories - start, end - start, position.shape[2]))
+            kept["index"].append(np.arange(start, start + rows, dtype=np.int64))
+            kept["position"].append(np.swapaxes(position[d, :, :rows], 0, 1))
+            kept["error"].append(np.swapaxes(error[d, :, :rows], 0, 1))
+            kept["alive"].append(np.swapaxes(alive[d, :, :rows], 0, 1))
+    arrays.update({"kept_" + k: np.concatenate(v) for k, v in kept.items()})
+    return arrays
+
+
+def _aggregate(config: SweepConfig, chunks, timings) -> SweepResult:
+    """Concatenate the chunks in index order and compute the summary."""
+    per_vehicle: dict = {}
+    kept: dict = {"index": [], "position": [], "error": [], "alive": []}
+    counts = np.zeros(config.histogram.num_bins, np.int64)
+    for arrays in chunks:
+        counts += arrays["counts"].astype(np.int64)
+        for k, x in arrays.items():
+            if k == "counts":
+                continue
+            if k.startswith("kept_"):
+                kept[k[5:]].append(x)
+            else:
+                per_vehicle.setdefault(k, []).append(x)
+    vehicles = {k: np.concatenate(v) for k, v in per_vehicle.items()}
+    dtype = np.dtype(config.dtype)
+    # as in the scan: (k + 1) converted to the dtype, times dt in the dtype
+    time_s = np.arange(1, config.num_ticks + 1).astype(dtype) * dtype.type(config.control_dt)
+    reference = make_reference(config.trajectory, config.duration, dtype)
+    ref_pos = np.asarray(jax.vmap(reference)(jnp.asarray(time_s)).position)
+    trajectories = {
+        "index": np.concatenate(kept["index"]),
+        "time": time_s,
+        "reference": ref_pos,
+        "position": np.concatenate(kept["position"]),
+        "error": np.concatenate(kept["error"]),
+        "alive": np.concatenate(kept["alive"]),
+    }
+    summary = S.summarise(vehicles, counts, config.histogram, config.control_dt, config.num_ticks)
+    return SweepResult(config=config, summary=summary, vehicles=vehicles, counts=counts,
+                       trajectories=trajectories, timings=timings, out_dir=None)

@@ -1,0 +1,150 @@
+"""``quadjax fit``: fit parameters to flight logs, print estimates ± std and validation errors, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+_EPILOG = """\
+examples:
+  quadjax fit --data ../shared/data/nanodrone/multisine_20251017_run1.parquet \\
+      --fit k_f,inertia,k_m,drag_linear --out fitted.json
+  quadjax fit --data flights/ --validate held_out.csv --fit k_f,inertia --preset iris --out iris_fit.json
+
+Logs: .parquet files of the nano-drone benchmark, or .csv in the generic schema
+(quadjax.logs). Parameter names: quadjax.sysid.parameters (group or group.component).
+Load the result with quadjax.load_params(path)."""
+
+
+def _pairs(items, what):
+    """['name=a,b', ...] → {name: (a, b)}."""
+    out = {}
+    for item in items or []:
+        name, _, rest = item.partition("=")
+        try:
+            a, b = (float(x) for x in rest.split(","))
+        except ValueError:
+            raise SystemExit(f"quadjax fit: --{what} {item!r}: expected NAME=NUMBER,NUMBER") from None
+        out[name.strip()] = (a, b)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quadjax fit", description=__doc__, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH", help="flight logs (files or folders) to fit")
+    p.add_argument("--fit", required=True, metavar="NAMES", help="comma-separated parameters, e.g. k_f,inertia,k_m")
+    p.add_argument("--out", required=True, metavar="FILE", help="JSON file for the fitted parameters")
+    p.add_argument("--preset", default="crazyflie21_brushless", help="start values (default: %(default)s)")
+    p.add_argument("--init", metavar="FILE", help="start from a fit file instead of a preset")
+    p.add_argument("--inputs", choices=("rotor_speeds", "commands"), default="rotor_speeds",
+                   help="what drives the model (default: %(default)s)")
+    p.add_argument("--motor-map", choices=("auto", "identity", "nanodrone"), default="auto",
+                   help="input map: auto = identity for rotor speeds, nanodrone for commands in .parquet logs")
+    p.add_argument("--validate", nargs="+", metavar="PATH", help="held-out logs for the validation table")
+    p.add_argument("--horizon", type=int, default=50, help="prediction steps per window (default: %(default)s)")
+    p.add_argument("--stride", type=int, help="rows between window starts (default: the horizon)")
+    p.add_argument("--max-windows", type=int, default=600, help="cap on windows, spread evenly (default: %(default)s)")
+    p.add_argument("--adam-steps", type=int, default=200)
+    p.add_argument("--adam-lr", type=float, default=0.05)
+    p.add_argument("--lbfgs-steps", type=int, default=100)
+    p.add_argument("--prior", action="append", metavar="NAME=MEAN,STD", help="Gaussian prior (SI units), repeatable")
+    p.add_argument("--bound", action="append", metavar="NAME=LO,HI", help="bounds (SI units), repeatable")
+    p.add_argument("--weights", metavar="P,V,Q,W",
+                   help="residual scales in m, m/s, rad, rad/s (default 0.01,0.02,0.01,0.05)")
+    p.add_argument("--covariance", choices=("sandwich", "gauss_newton"), default="sandwich")
+    p.add_argument("--val-stride", type=int, default=1, help="validation start-index stride (1 = every index)")
+    p.add_argument("--raw", action="store_true", help="do not low-pass filter nano-drone logs")
+    p.add_argument("--float32", action="store_true", help="fit in float32 (default float64)")
+    return p
+
+
+def fit_main(argv: list[str]) -> int:
+    """``quadjax fit --data PATH... --fit NAMES --out FILE``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    # float64 for the fit unless asked otherwise, scoped to this command (jax.config stays untouched)
+    keep = args.float32 or jax.config.jax_enable_x64
+    precision = contextlib.nullcontext() if keep else jax.enable_x64(True)
+    with precision:
+        try:
+            return _fit(args)
+        except ValueError as err:
+            print(f"quadjax fit: error: {err}", file=sys.stderr)
+            return 2
+
+
+def _fit(args) -> int:
+    from quadjax import presets
+    from quadjax.logs import load_logs
+    from quadjax.sysid.io import load_fit, save_fit
+    from quadjax.sysid.motor import MotorMap, nanodrone_motor_map
+    from quadjax.sysid.objective import LossWeights
+    from quadjax.sysid.optimize import fit
+    from quadjax.sysid.validation import format_table, open_loop_errors
+
+    dtype = "float32" if args.float32 else "float64"
+    kw = {"filtered": not args.raw}
+    train = load_logs(args.data, **kw)
+    held = load_logs(args.validate, **kw) if args.validate else None
+    if args.init:
+        start = load_fit(args.init, dtype=dtype)
+        params0, mm0 = start["params"], start["motor_map"]
+    else:
+        params0, mm0 = presets.get(args.preset, dtype=dtype), None
+    if mm0 is None:
+        parquet = all(Path(p).suffix == ".parquet" or Path(p).is_dir() for p in args.data)
+        choice = args.motor_map
+        if choice == "auto":
+            choice = "nanodrone" if (args.inputs == "commands" and parquet) else "identity"
+        mm0 = nanodrone_motor_map(dtype) if choice == "nanodrone" else MotorMap.identity(params0.num_rotors, dtype)
+    weights = LossWeights()
+    if args.weights:
+        try:
+            w = [float(x) for x in args.weights.split(",")]
+            weights = LossWeights(*w)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"--weights {args.weights!r}: {err}") from None
+
+    n_rows = sum(len(lg) for lg in train)
+    print(f"fitting {args.fit} to {len(train)} log(s), {n_rows} rows; inputs={args.inputs}, horizon={args.horizon}")
+    t0 = time.perf_counter()
+    result = fit(train, args.fit, params0, motor_map0=mm0, inputs=args.inputs, horizon=args.horizon,
+                 stride=args.stride, max_windows=args.max_windows, weights=weights,
+                 priors=_pairs(args.prior, "prior"), bounds=_pairs(args.bound, "bound"),
+                 adam_steps=args.adam_steps, adam_lr=args.adam_lr, lbfgs_steps=args.lbfgs_steps,
+                 covariance=args.covariance)
+    seconds = time.perf_counter() - t0
+    print(result.table())
+    print(f"({len(result.loss_history)} iterations, objective {result.loss_history[0]:.4g} → "
+          f"{result.loss_history[-1]:.4g}, {seconds:.1f} s)")
+
+    logs = held if held is not None else train
+    where = "held-out logs" if held is not None else "the training logs (no --validate given)"
+    horizon = min(50, min(len(lg) for lg in logs) - 1)
+    rows = {}
+    for name, (p, mm) in {"naive": (None, None), "start": (params0, mm0),
+                          "fitted": (result.params, result.motor_map)}.items():
+        rows[name] = open_loop_errors(p, logs, motor_map=mm, inputs=args.inputs, max_horizon=horizon,
+                                      stride=args.val_stride)
+    hs = tuple(h for h in (1, 10, 50) if h <= horizon)
+    print(f"\nopen-loop errors on {where} (mean over {rows['fitted'].n_starts} start indices):")
+    print(format_table(rows, horizons=hs))
+    save_fit(args.out, result.params, motor_map=result.motor_map, inputs=args.inputs, estimates=result.estimates(),
+             validation={"on": where, **{k: v.summary(hs) for k, v in rows.items()}},
+             fit_info={"names": args.fit, "data": [str(p) for p in args.data], "windows": result.windows,
+                       "horizon": result.horizon, "iterations": int(len(result.loss_history)),
+                       "objective": [float(result.loss_history[0]), float(result.loss_history[-1])],
+                       "covariance": result.covariance, "fisher_rank": result.uncertainty.rank,
+                       "unidentifiable": list(result.uncertainty.unidentifiable), "seconds": seconds,
+                       "dtype": dtype})
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(fit_main(sys.argv[1:]))

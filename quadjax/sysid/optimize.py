@@ -1,0 +1,179 @@
+"""The fit: multiple shooting, Adam, then an L-BFGS polish, then the uncertainty."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from quadjax.logs import FlightLog
+from quadjax.params import QuadParams, params_valid
+from quadjax.sysid.motor import MotorMap
+from quadjax.sysid._engine import MAX_ITERATIONS, data_count, run
+from quadjax.sysid.objective import LossWeights
+from quadjax.sysid.parameters import ParamSpec, parse_names
+from quadjax.sysid.uncertainty import Uncertainty, information_from, uncertainty
+from quadjax.sysid.windows import Windows, make_windows
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` found.
+
+    Fields: params (QuadParams) and motor_map (MotorMap) at the optimum; spec
+    (ParamSpec); theta (P,); values, start, std (P,) in SI (std from the chosen
+    covariance; inf where unidentifiable); uncertainty (Uncertainty);
+    loss_history, one value per optimiser step (Adam, then L-BFGS); inputs,
+    horizon, windows, covariance: the settings.
+    """
+
+    params: QuadParams
+    motor_map: MotorMap
+    spec: ParamSpec
+    theta: np.ndarray
+    values: np.ndarray
+    start: np.ndarray
+    std: np.ndarray
+    uncertainty: Uncertainty
+    loss_history: np.ndarray
+    inputs: str
+    horizon: int
+    windows: int
+    covariance: str
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.spec.labels
+
+    def estimates(self) -> list[dict]:
+        """One dict per fitted scalar: label, value, std, start, identifiable (JSON-ready)."""
+        bad = set(self.uncertainty.unidentifiable)
+        return [
+            {"label": lab, "value": float(v), "std": float(s) if np.isfinite(s) else None, "start": float(v0),
+             "identifiable": lab not in bad}
+            for lab, v, s, v0 in zip(self.labels, self.values, self.std, self.start)
+        ]
+
+    def table(self) -> str:
+        """A plain-text table of estimates ± std (relative std in %), start values and flags."""
+        lines = [f"{'parameter':22s} {'estimate':>13s} {'± std':>11s} {'rel':>8s} {'start':>13s}"]
+        for e in self.estimates():
+            std = e["std"]
+            rel = f"{100 * std / abs(e['value']):7.2f}%" if std is not None and e["value"] != 0 else "    —  "
+            s = f"{std:11.4g}" if std is not None else f"{'inf':>11s}"
+            flag = "" if e["identifiable"] else "  UNIDENTIFIABLE"
+            lines.append(f"{e['label']:22s} {e['value']:13.6g} {s} {rel:>8s} {e['start']:13.6g}{flag}")
+        u = self.uncertainty
+        lines.append(f"({self.covariance} covariance; Fisher rank {u.rank}/{len(self.labels)}; "
+                     f"{self.windows} windows × {self.horizon} steps; residual variance {u.residual_variance:.3g})")
+        return "\n".join(lines)
+
+
+def fit(
+    data: Windows | FlightLog | Sequence[FlightLog],
+    names,
+    params0: QuadParams,
+    *,
+    motor_map0: MotorMap | None = None,
+    inputs: str = "rotor_speeds",
+    horizon: int = 50,
+    stride: int | None = None,
+    input_delay: int = 0,
+    max_windows: int | None = None,
+    dt: float | None = None,
+    weights: LossWeights | None = None,
+    priors: dict | None = None,
+    bounds: dict | None = None,
+    adam_steps: int = 300,
+    adam_lr: float = 0.05,
+    lbfgs_steps: int = 200,
+    gtol: float = 1e-10,
+    ftol: float = 1e-13,
+    substeps: int = 1,
+    covariance: str = "sandwich",
+    rank_rtol: float = 1e-9,
+    max_rel_std: float = 1.0,
+    warn: bool = True,
+    verbose: bool = False,
+) -> FitResult:
+    """Fit the chosen parameters to flight data by differentiating multi-step rollouts.
+
+    The objective is multiple shooting: every window starts from its measured
+    state, is predicted open loop over ``horizon`` steps (vmapped over windows,
+    which span all flights), and scores the weighted errors of position,
+    velocity, attitude and body rates at every step (plus rotor speeds in
+    'commands' mode when ``weights.rotor_speeds`` is set):
+
+        f(θ) = [½ Σ r(θ)² + ½ Σ ((θ − θ_prior)/σ_prior)²] / n
+
+    minimised over θ (log-parameters for positive quantities) by optax's Adam
+    (``adam_steps`` at ``adam_lr``) and then optax's L-BFGS (``lbfgs_steps``,
+    backtracking Armijo line search, stops when ‖∇f‖ < ``gtol``), projecting onto
+    the bounds after every step; a non-finite objective stops at the previous
+    iterate. Gradients come from forward-mode Jacobians of each window's
+    residuals, which also give, at the optimum, the Fisher information, the
+    covariances and the identifiability test (:mod:`quadjax.sysid.uncertainty`).
+    The whole loop is one compiled function: fits with the same parameter names,
+    data shapes and settings reuse it.
+
+    Args:
+        data: flight logs (cut into windows here) or ready :class:`Windows` (then give ``dt``).
+        names: what to fit (:mod:`quadjax.sysid.parameters`), e.g. "k_f,inertia,drag_linear".
+        params0: the start and every value not fitted (its rotor order is the data's: PX4).
+        motor_map0: map from logged inputs to rotor-speed commands (default identity).
+        inputs: 'rotor_speeds' (measured speeds drive the model, τ = 0) or 'commands'
+            (motor commands through the MotorMap and the rotor lag ``motor_tau``).
+        horizon, stride, input_delay, max_windows: how windows are cut (:func:`make_windows`).
+        weights: residual scales (:class:`LossWeights`).
+        priors, bounds: see :meth:`ParamSpec.create`.
+        covariance: 'sandwich' (default, robust to correlated errors within a window)
+            or 'gauss_newton'; both are in the result's ``uncertainty``.
+        rank_rtol, max_rel_std: the identifiability test (:func:`uncertainty`).
+
+    Raises ``ValueError`` for an unknown name, a parameter the inputs cannot
+    identify (``motor_tau`` from measured rotor speeds), or data that gives no window.
+    """
+    weights = weights or LossWeights()
+    if inputs == "rotor_speeds" and "motor_tau" in parse_names(names, params0.num_rotors):
+        raise ValueError("motor_tau cannot be identified when measured rotor speeds drive the model "
+                         "(inputs='rotor_speeds' sets τ = 0); fit it with inputs='commands'")
+    if not bool(params_valid(params0)):
+        raise ValueError("fit: params0 is not valid (see quadjax.params_valid / QuadParams.create)")
+    dtype = params0.mass.dtype
+    if isinstance(data, Windows):
+        if dt is None:
+            raise ValueError("fit: give dt when passing Windows")
+        windows = data
+    else:
+        logs = [data] if isinstance(data, FlightLog) else list(data)
+        dt = logs[0].dt if dt is None else dt
+        windows = make_windows(logs, horizon, stride=stride, inputs=inputs, input_delay=input_delay,
+                               max_windows=max_windows, dtype=dtype)
+    horizon = windows.horizon
+    spec = ParamSpec.create(names, params0, motor_map0, priors=priors, bounds=bounds)
+    n_data = data_count(windows, weights, inputs)
+    if n_data <= spec.size:
+        raise ValueError(f"fit: {n_data:.0f} residuals for {spec.size} parameters; give more data")
+
+    theta0 = spec.theta0(dtype)
+    if not 0 <= adam_steps and 0 <= lbfgs_steps and adam_steps + lbfgs_steps < MAX_ITERATIONS:
+        raise ValueError(f"fit: need 0 <= adam_steps + lbfgs_steps < {MAX_ITERATIONS}")
+    theta, S, history, iters = run(
+        theta0, spec, windows, jnp.asarray(dt, dtype), jnp.asarray(n_data, dtype), jnp.asarray(adam_lr, dtype),
+        jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype), int(adam_steps), int(lbfgs_steps), weights,
+        mode=inputs, substeps=substeps)
+    history = np.asarray(history)[: int(iters)]
+    if verbose:
+        print(f"  {int(iters)} iterations (Adam {adam_steps}, L-BFGS ≤ {lbfgs_steps}): "
+              f"f = {history[0]:.6g} → {history[-1]:.6g}", flush=True)
+    info = information_from(S, spec, windows.num_windows)
+    unc = uncertainty(np.asarray(theta), spec, info, rtol=rank_rtol, max_rel_std=max_rel_std,
+                      covariance=covariance, warn=warn)
+    params, motor_map = spec.unpack(theta)
+    values = np.asarray(spec.values(theta), np.float64)
+    start = np.asarray(spec.values(jnp.zeros_like(theta)), np.float64)
+    std = unc.std_sandwich if covariance == "sandwich" else unc.std_gauss_newton
+    return FitResult(params, motor_map, spec, np.asarray(theta), values, start, std, unc, history, inputs,
+                     horizon, windows.num_windows, covariance)
