@@ -24,6 +24,7 @@ from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thru
 from quadjax.params import QuadParams, params_valid
 from quadjax.rollout import rollout, rollout_closed_loop
 from quadjax.state import QuadState
+from quadjax.sysid.io import load_params
 
 __all__ = [
     "MixerLayout",
@@ -48,6 +49,7 @@ __all__ = [
     "hover_state",
     "hover_thrusts",
     "invariant_id",
+    "load_params",
     "params_valid",
     "presets",
     "rk4_step",

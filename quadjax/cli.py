@@ -10,7 +10,24 @@ import sys
 SUBCOMMANDS = {
     "presets": ("quadjax.cli:presets_main", "list the vehicle presets with their sources"),
     "sweep": ("quadjax.sweep.cli:sweep_main", "Monte Carlo sweep of randomised vehicles on a mission"),
+    "fit": ("quadjax.sysid.cli:fit_main", "fit QuadParams leaves to flight logs (system identification)"),
+    "bench": ("quadjax.cli:bench_main", "throughput benchmark (benchmarks/throughput.py of a source checkout)"),
 }
+
+
+def bench_main(argv: list[str]) -> int:
+    """``quadjax bench``: run benchmarks/throughput.py's ``bench_main`` from the source checkout."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+    if not script.is_file():
+        print(f"quadjax bench: {script} not found; it ships with the source checkout (pip install -e .)")
+        return 2
+    spec = importlib.util.spec_from_file_location("quadjax_bench_throughput", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.bench_main(argv) or 0)
 
 
 def presets_main(argv: list[str]) -> int:

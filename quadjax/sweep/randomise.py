@@ -43,7 +43,8 @@ class Perturbation:
 
     dist: ``"uniform"`` x ~ U(a, b); ``"normal"`` x ~ N(a, b²) (a mean, b std);
         ``"lognormal"`` x = exp(a + b ξ), ξ ~ N(0, 1) (median eᵃ).
-    mode: ``"absolute"`` p = x; ``"scale"`` p = p₀·x; ``"offset"`` p = p₀ + x.
+    mode: ``"absolute"`` p = x; ``"scale"`` p = p₀·x; ``"offset"`` p = p₀ + x. Default
+        (None): ``"scale"`` for lognormal, ``"absolute"`` otherwise (as in the TOML config).
     per_element: False draws one x per vehicle for the whole leaf (a (3,) drag scales as
         one), True one per element. ``inertia`` is special: its draws act on the principal
         axes (the diagonal), x of shape (3,) or shared; ``scale`` maps J → D J D with
@@ -54,10 +55,12 @@ class Perturbation:
     dist: str
     a: float
     b: float
-    mode: str = "scale"
+    mode: str | None = None
     per_element: bool = False
 
     def __post_init__(self):
+        if self.mode is None:
+            object.__setattr__(self, "mode", "scale" if self.dist == "lognormal" else "absolute")
         if self.field not in RANDOMISABLE:
             raise ValueError(f"randomise: unknown or fixed field {self.field!r}; choose from {', '.join(RANDOMISABLE)}")
         if self.dist not in DISTRIBUTIONS:

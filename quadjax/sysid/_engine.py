@@ -27,13 +27,12 @@ MAX_ITERATIONS = 4096
 @pytree_dataclass
 class Statistics:
     """Σ over windows, at one θ: grad = Σ J_wᵀ r_w (P,), fisher = Σ J_wᵀ J_w (P, P),
-    score_outer = Σ (J_wᵀ r_w)(J_wᵀ r_w)ᵀ (P, P), rss = Σ r² and n, the number of data residuals."""
+    score_outer = Σ (J_wᵀ r_w)(J_wᵀ r_w)ᵀ (P, P) and rss = Σ r²."""
 
     grad: jax.Array
     fisher: jax.Array
     score_outer: jax.Array
     rss: jax.Array
-    n: jax.Array
 
 
 def jacobian(theta, spec: ParamSpec, windows: Windows, dt, weights: LossWeights, *, mode: str = "rotor_speeds",
@@ -64,10 +63,7 @@ def statistics(theta, spec: ParamSpec, windows: Windows, dt, weights: LossWeight
     J2 = J.reshape(J.shape[0], W, -1)
     g_w = jnp.einsum("pwk,wk->wp", J2, r2)
     F = jnp.einsum("pwk,qwk->pq", J2, J2)
-    R = windows.rotor_speeds.shape[-1]
-    rotor = R * windows.rotors_measured if (mode == "commands" and weights.rotor_speeds is not None) else 0.0
-    n = jnp.sum(jnp.sum(windows.mask, axis=1) * (12 + rotor))
-    return Statistics(g_w.sum(0), F, g_w.T @ g_w, jnp.sum(r2 * r2), n)
+    return Statistics(g_w.sum(0), F, g_w.T @ g_w, jnp.sum(r2 * r2))
 
 
 def data_count(windows: Windows, weights: LossWeights, mode: str) -> float:
@@ -121,7 +117,7 @@ def run(theta0, spec, windows, dt, n_data, adam_lr, gtol, ftol, adam_steps, lbfg
     P = theta0.shape[0]
     dtype = theta0.dtype
     zero_stats = Statistics(jnp.zeros(P, dtype), jnp.zeros((P, P), dtype), jnp.zeros((P, P), dtype),
-                            jnp.zeros((), dtype), jnp.zeros((), dtype))
+                            jnp.zeros((), dtype))
 
     def cond(c):
         return ~c[-1]

@@ -168,7 +168,7 @@ def fit(
     if verbose:
         print(f"  {int(iters)} iterations (Adam {adam_steps}, L-BFGS ≤ {lbfgs_steps}): "
               f"f = {history[0]:.6g} → {history[-1]:.6g}", flush=True)
-    info = information_from(S, spec, windows.num_windows)
+    info = information_from(S, spec, n_data, windows.num_windows)
     unc = uncertainty(np.asarray(theta), spec, info, rtol=rank_rtol, max_rel_std=max_rel_std,
                       covariance=covariance, warn=warn)
     params, motor_map = spec.unpack(theta)

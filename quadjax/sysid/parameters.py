@@ -32,7 +32,8 @@ motor_exponent      —                  log         MotorMap.exponent
 ==================  =================  ==========  =========================================
 
 A positive quantity that starts at 0 (no drag in the preset, say) starts at a
-small floor instead (:data:`LOG_FLOORS`), since log(0) has no gradient.
+small floor instead, since log(0) has no gradient: a 10 s time constant for the drag terms
+(0.1·m, 0.1·mean J), 1e-3 of J_zz for the rotor inertia, 1e-3 of the arm for k_m, 1 ms for τ.
 """
 
 from __future__ import annotations
@@ -96,66 +97,69 @@ def _arm(p):
     return jnp.mean(jnp.linalg.norm(p.rotor_positions[:, :2], axis=-1))
 
 
-def _rotor_xy_components(R):
-    return tuple(f"{i}{a}" for i in range(R) for a in "xy")
+def _per_rotor(field, positive, scale=None):
+    """A MotorMap field with one component per rotor."""
+    return lambda R: _Group(
+        tuple(str(i) for i in range(R)), positive,
+        lambda p, m: getattr(m, field),
+        lambda p, m, v, base: (p, m.replace(**{field: v})),
+        scale,
+    )
 
 
-GROUPS = {
-    "mass": _scalar("mass"),
-    "k_f": _scalar("k_f"),
-    "k_m": _scalar("k_m"),
-    "motor_tau": _scalar("motor_tau"),
-    "rotor_inertia": _scalar("rotor_inertia"),
-    "inertia": _Group(("xx", "yy", "zz"), True, lambda p, m: jnp.diagonal(p.inertia), _set_inertia_diag),
-    "inertia_products": _Group(
+def _rotor_xy(R):
+    return _Group(
+        tuple(f"{i}{a}" for i in range(R) for a in "xy"), False,
+        lambda p, m: jnp.reshape(p.rotor_positions[:, :2], (-1,)),
+        lambda p, m, v, base: (p.replace(rotor_positions=p.rotor_positions.at[:, :2].set(v.reshape(R, 2))), m),
+        lambda p, m: 0.1 * _arm(p),
+    )
+
+
+def _fixed(group):
+    return lambda R: group
+
+
+#: group name → builder (rotor count → _Group), in the order labels are listed
+_BUILDERS = {
+    "mass": _fixed(_scalar("mass")),
+    "k_f": _fixed(_scalar("k_f")),
+    "k_m": _fixed(_scalar("k_m")),
+    "motor_tau": _fixed(_scalar("motor_tau")),
+    "rotor_inertia": _fixed(_scalar("rotor_inertia")),
+    "inertia": _fixed(_Group(("xx", "yy", "zz"), True, lambda p, m: jnp.diagonal(p.inertia), _set_inertia_diag)),
+    "inertia_products": _fixed(_Group(
         ("xy", "xz", "yz"), False,
         lambda p, m: jnp.stack([p.inertia[i, j] for i, j in _OFF]),
         _set_inertia_products,
         lambda p, m: 0.1 * jnp.mean(jnp.diagonal(p.inertia)),
-    ),
-    "drag_linear": _vector3("drag_linear", True),
-    "drag_quadratic": _vector3("drag_quadratic", True),
-    "drag_rotational": _vector3("drag_rotational", True),
-    "wind": _vector3("wind", False, lambda p, m: jnp.ones((), p.mass.dtype)),
-    "com_offset": _Group(
+    )),
+    "drag_linear": _fixed(_vector3("drag_linear", True)),
+    "drag_quadratic": _fixed(_vector3("drag_quadratic", True)),
+    "drag_rotational": _fixed(_vector3("drag_rotational", True)),
+    "wind": _fixed(_vector3("wind", False, lambda p, m: 1.0)),
+    "com_offset": _fixed(_Group(
         ("x", "y", "z"), False,
         lambda p, m: jnp.zeros(3, p.mass.dtype),
         lambda p, m, v, base: (p.replace(rotor_positions=base.rotor_positions - v), m),
         lambda p, m: 0.1 * _arm(p),
-    ),
-    "rotor_xy": None,  # built per rotor count in _group()
-    "motor_offset": None,
-    "motor_gain": None,
-    "motor_exponent": _Group(
+    )),
+    "rotor_xy": _rotor_xy,
+    "motor_offset": _per_rotor("offset", False, lambda p, m: 50.0),  # rad/s: a few % of a rotor speed
+    "motor_gain": _per_rotor("gain", True),
+    "motor_exponent": _fixed(_Group(
         ("",), True,
         lambda p, m: jnp.reshape(m.exponent, (1,)),
         lambda p, m, v, base: (p, m.replace(exponent=v[0])),
-    ),
+    )),
 }
+
+#: the names of the parameter groups that can be fitted
+GROUPS = tuple(_BUILDERS)
 
 
 def _group(name: str, R: int) -> _Group:
-    if name == "rotor_xy":
-        return _Group(
-            _rotor_xy_components(R), False,
-            lambda p, m: jnp.reshape(p.rotor_positions[:, :2], (-1,)),
-            lambda p, m, v, base: (p.replace(rotor_positions=p.rotor_positions.at[:, :2].set(v.reshape(R, 2))), m),
-            lambda p, m: 0.1 * _arm(p),
-        )
-    if name == "motor_offset":
-        return _Group(
-            tuple(str(i) for i in range(R)), False,
-            lambda p, m: m.offset,
-            lambda p, m, v, base: (p, m.replace(offset=v)),
-            lambda p, m: 50.0,  # rad/s: a few percent of a typical rotor speed
-        )
-    if name == "motor_gain":
-        return _Group(
-            tuple(str(i) for i in range(R)), True,
-            lambda p, m: m.gain,
-            lambda p, m, v, base: (p, m.replace(gain=v)),
-        )
-    return GROUPS[name]
+    return _BUILDERS[name](R)
 
 
 def _floors(p: QuadParams) -> dict:
@@ -169,10 +173,6 @@ def _floors(p: QuadParams) -> dict:
         "k_m": 1e-3 * _arm(p),
         "motor_tau": jnp.asarray(1e-3, p.mass.dtype),
     }
-
-
-#: groups whose zero start is replaced by a floor, documented in :func:`_floors`
-LOG_FLOORS = ("drag_linear", "drag_quadratic", "drag_rotational", "rotor_inertia", "k_m", "motor_tau")
 
 
 def parse_names(names, num_rotors: int = 4) -> dict[str, tuple[int, ...]]:
@@ -195,6 +195,8 @@ def parse_names(names, num_rotors: int = 4) -> dict[str, tuple[int, ...]]:
         chosen.setdefault(group, set()).update(idx)
     if not chosen:
         raise ValueError("no parameter to fit: give at least one name")
+    if "com_offset" in chosen and "rotor_xy" in chosen:
+        raise ValueError("com_offset and rotor_xy both move the rotor hubs: fit one of them")
     order = list(GROUPS)
     return {g: tuple(sorted(chosen[g])) for g in sorted(chosen, key=order.index)}
 
@@ -243,7 +245,10 @@ class ParamSpec:
                 them after every optimiser step. Positive quantities stay > 0 anyway.
         """
         R = params0.num_rotors
-        motor_map0 = motor_map0 if motor_map0 is not None else MotorMap.identity(R, dtype=params0.mass.dtype)
+        dtype = params0.mass.dtype
+        motor_map0 = motor_map0 if motor_map0 is not None else MotorMap.identity(R, dtype=dtype)
+        # one dtype, no weak types: specs built in different ways then share a compiled fit
+        params0, motor_map0 = params0.astype(dtype), motor_map0.astype(dtype)
         chosen = parse_names(names, R)
         floors = _floors(params0)
         labels, positive, ref, scale = [], [], [], []

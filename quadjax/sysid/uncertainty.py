@@ -62,16 +62,16 @@ def information(theta, spec: ParamSpec, windows: Windows, dt, weights: LossWeigh
     z = jnp.zeros((), dtype)
     _, S, _, _ = run(theta, spec, windows, jnp.asarray(dt, dtype), jnp.asarray(n, dtype), z, z, z, 0, 0, weights,
                      mode=mode, substeps=substeps)
-    return information_from(S, spec, windows.num_windows)
+    return information_from(S, spec, n, windows.num_windows)
 
 
-def information_from(S: Statistics, spec: ParamSpec, windows: int) -> Information:
+def information_from(S: Statistics, spec: ParamSpec, n: float, windows: int) -> Information:
     """:class:`Information` from accumulated :class:`Statistics` (adds the priors: diag(1/σ_prior²))."""
     std = np.asarray(spec.prior_std)
     prior = np.where(np.isfinite(std), 1.0 / np.where(np.isfinite(std), std, 1.0), 0.0)
     F = np.asarray(S.fisher, np.float64) + np.diag(prior ** 2)
     return Information(F, np.asarray(S.score_outer, np.float64), np.asarray(S.grad, np.float64), float(S.rss),
-                       int(round(float(S.n))), windows)
+                       int(round(n)), windows)
 
 
 @dataclasses.dataclass(frozen=True)
