@@ -255,8 +255,8 @@ def lag_free_pair():
 
 
 def test_fit_command_on_csv_logs(tmp_path, capsys):
-    """``quadjax fit`` on generic CSV logs: prints estimates ± std and the validation table,
-    writes a JSON that loads back, and recovers k_f and J_zz of a lag-free vehicle."""
+    """``quadjax fit`` on generic CSV logs, in float32: prints estimates ± std and the validation
+    table, writes a JSON that loads back, and recovers k_f and J_zz of a lag-free vehicle."""
     from quadjax.logs import save_csv
 
     p, p0 = lag_free_pair()
@@ -268,16 +268,17 @@ def test_fit_command_on_csv_logs(tmp_path, capsys):
     save_fit(init, p0)
     code = fit_main(["--data", *map(str, paths[:3]), "--validate", str(paths[3]), "--fit", "k_f,inertia.zz",
                      "--init", str(init), "--horizon", "10", "--adam-steps", "20", "--lbfgs-steps", "100",
-                     "--out", str(out)])
+                     "--float32", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
     assert "± std" in text and "inertia.zz" in text and "| fitted |" in text and "| naive |" in text
     fitted = load_params(out, dtype="float64")
-    # the CSV keeps 9 significant digits: recovery to ~1e-6, not to machine precision
-    assert float(fitted.k_f) == pytest.approx(float(p.k_f), rel=1e-5)
-    assert float(fitted.inertia[2, 2]) == pytest.approx(float(p.inertia[2, 2]), rel=1e-5)
+    # float32 rollouts (and 9 significant digits in the CSV): recovery to ~1e-4
+    assert float(fitted.k_f) == pytest.approx(float(p.k_f), rel=1e-3)
+    assert float(fitted.inertia[2, 2]) == pytest.approx(float(p.inertia[2, 2]), rel=1e-3)
     doc = json.loads(out.read_text())
-    assert doc["validation"]["fitted"]["h10"]["position"] < 1e-3 * doc["validation"]["start"]["h10"]["position"]
+    assert doc["fit"]["dtype"] == "float32"
+    assert doc["validation"]["fitted"]["h10"]["position"] < 1e-2 * doc["validation"]["start"]["h10"]["position"]
     assert doc["estimates"][0]["label"] == "k_f" and doc["estimates"][0]["std"] > 0
     assert fit_main(["--data", str(paths[0]), "--fit", "bogus", "--out", str(out)]) == 2
     assert "cannot fit 'bogus'" in capsys.readouterr().err

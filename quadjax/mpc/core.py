@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import rk4_step
@@ -166,8 +167,8 @@ class PlanConfig:
             value = getattr(params.solver, name)
             if isinstance(value, jax.core.Tracer):
                 continue
-            v = jnp.asarray(value)
-            ok = bool(jnp.all(jnp.isfinite(v)) & jnp.all(v > lower if strict else v >= lower))
+            v = np.asarray(value)  # numpy: a concrete check must not be staged into a trace
+            ok = bool(np.all(np.isfinite(v)) & np.all(v > lower if strict else v >= lower))
             if not ok:
                 bound = f"> {lower}" if strict else f">= {lower}"
                 raise ValueError(f"{type(params.solver).__name__}.{name} = {v.tolist()}: must be finite and {bound}")

@@ -109,14 +109,16 @@ def fit(
         f(θ) = [½ Σ r(θ)² + ½ Σ ((θ − θ_prior)/σ_prior)²] / n
 
     minimised over θ (log-parameters for positive quantities) by optax's Adam
-    (``adam_steps`` at ``adam_lr``) and then optax's L-BFGS (``lbfgs_steps``,
-    backtracking Armijo line search, stops when ‖∇f‖ < ``gtol``), projecting onto
-    the bounds after every step; a non-finite objective stops at the previous
-    iterate. Gradients come from forward-mode Jacobians of each window's
-    residuals, which also give, at the optimum, the Fisher information, the
-    covariances and the identifiability test (:mod:`quadjax.sysid.uncertainty`).
-    The whole loop is one compiled function: fits with the same parameter names,
-    data shapes and settings reuse it.
+    (``adam_steps`` at ``adam_lr``) and then optax's L-BFGS (at most
+    ``lbfgs_steps``, backtracking Armijo line search; stops when ‖∇f‖ < ``gtol``
+    or when three steps in a row change f by at most ``ftol``·|f|), projecting
+    onto the bounds after every step. The best finite iterate is returned; a
+    non-finite objective ends the loop. Gradients come from forward-mode
+    Jacobians of each window's residuals, which also give, at the optimum, the
+    Fisher information, the covariances and the identifiability test
+    (:mod:`quadjax.sysid.uncertainty`). The whole loop is one compiled function:
+    fits with the same parameter names, data shapes, dtype, input mode and
+    substeps reuse it (weights, priors, bounds and step counts are data).
 
     Args:
         data: flight logs (cut into windows here) or ready :class:`Windows` (then give ``dt``).
@@ -136,6 +138,8 @@ def fit(
     identify (``motor_tau`` from measured rotor speeds), or data that gives no window.
     """
     weights = weights or LossWeights()
+    if covariance not in ("sandwich", "gauss_newton"):
+        raise ValueError(f"covariance={covariance!r}: choose 'sandwich' or 'gauss_newton'")
     if inputs == "rotor_speeds" and "motor_tau" in parse_names(names, params0.num_rotors):
         raise ValueError("motor_tau cannot be identified when measured rotor speeds drive the model "
                          "(inputs='rotor_speeds' sets τ = 0); fit it with inputs='commands'")
@@ -158,8 +162,8 @@ def fit(
         raise ValueError(f"fit: {n_data:.0f} residuals for {spec.size} parameters; give more data")
 
     theta0 = spec.theta0(dtype)
-    if not 0 <= adam_steps and 0 <= lbfgs_steps and adam_steps + lbfgs_steps < MAX_ITERATIONS:
-        raise ValueError(f"fit: need 0 <= adam_steps + lbfgs_steps < {MAX_ITERATIONS}")
+    if not (0 <= adam_steps and 0 <= lbfgs_steps and adam_steps + lbfgs_steps < MAX_ITERATIONS):
+        raise ValueError(f"fit: need adam_steps, lbfgs_steps >= 0 with a sum below {MAX_ITERATIONS}")
     theta, S, history, iters = run(
         theta0, spec, windows, jnp.asarray(dt, dtype), jnp.asarray(n_data, dtype), jnp.asarray(adam_lr, dtype),
         jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype), int(adam_steps), int(lbfgs_steps), weights,
@@ -170,10 +174,10 @@ def fit(
               f"f = {history[0]:.6g} → {history[-1]:.6g}", flush=True)
     info = information_from(S, spec, n_data, windows.num_windows)
     unc = uncertainty(np.asarray(theta), spec, info, rtol=rank_rtol, max_rel_std=max_rel_std,
-                      covariance=covariance, warn=warn)
+                      covariance=covariance, warn=warn, stacklevel=3)
     params, motor_map = spec.unpack(theta)
     values = np.asarray(spec.values(theta), np.float64)
-    start = np.asarray(spec.values(jnp.zeros_like(theta)), np.float64)
+    start = np.asarray(spec.values(theta0), np.float64)
     std = unc.std_sandwich if covariance == "sandwich" else unc.std_gauss_newton
     return FitResult(params, motor_map, spec, np.asarray(theta), values, start, std, unc, history, inputs,
                      horizon, windows.num_windows, covariance)

@@ -98,7 +98,7 @@ class Uncertainty:
 
 
 def uncertainty(theta, spec: ParamSpec, info: Information, *, rtol: float = 1e-9, max_rel_std: float = 1.0,
-                covariance: str = "sandwich", warn: bool = True) -> Uncertainty:
+                covariance: str = "sandwich", warn: bool = True, stacklevel: int = 2) -> Uncertainty:
     """Covariances, standard deviations and unidentifiable parameters from :func:`information`.
 
     ``covariance`` ('sandwich' or 'gauss_newton') picks the one used for the
@@ -121,14 +121,22 @@ def uncertainty(theta, spec: ParamSpec, info: Information, *, rtol: float = 1e-9
     null_load = np.sum(V[:, ~informative] ** 2, axis=1)
     chosen = cov_s if covariance == "sandwich" else cov_gn
     theta_std = np.sqrt(np.maximum(np.diag(chosen), 0.0))
-    bad = (null_load > 0.01) | (theta_std > max_rel_std)
+    blind = null_load > 0.01
+    bad = blind | (theta_std > max_rel_std)
     std_gn = np.where(null_load > 0.01, np.inf, spec.value_std(theta, np.sqrt(np.maximum(np.diag(cov_gn), 0))))
     std_s = np.where(null_load > 0.01, np.inf, spec.value_std(theta, np.sqrt(np.maximum(np.diag(cov_s), 0))))
     d = np.sqrt(np.maximum(np.diag(chosen), 1e-300))
     corr = chosen / np.outer(d, d)
     flagged = tuple(lab for lab, b in zip(spec.labels, bad) if b)
     if warn and flagged:
-        warnings.warn(
-            f"the data cannot determine {', '.join(flagged)} (Fisher information rank {rank} of {P}; "
-            f"fix them, add a prior, or fly an excitation that moves them)", UnidentifiableWarning, stacklevel=2)
+        why = []
+        if blind.any():
+            why.append(f"no information on {', '.join(np.asarray(spec.labels)[blind])} "
+                       f"(Fisher information rank {rank} of {P})")
+        loose = bad & ~blind
+        if loose.any():
+            why.append(f"standard deviation above {max_rel_std:g} in θ (±{100 * max_rel_std:g} % for "
+                       f"log-parameters) for {', '.join(np.asarray(spec.labels)[loose])}")
+        warnings.warn(f"the data cannot determine {', '.join(flagged)}: {'; '.join(why)}. Fix them, add a prior, "
+                      "or fly an excitation that moves them", UnidentifiableWarning, stacklevel=stacklevel)
     return Uncertainty(lam, rank, flagged, cov_gn, cov_s, std_gn, std_s, corr, s2, info.n, W)
