@@ -5,7 +5,7 @@ Conventions (one set): SI units; world ENU (z up), body FLU; quaternion
 pure and un-jitted: the caller jits the outermost call.
 """
 
-from quadjax import control, frames, presets
+from quadjax import control, frames, mpc, presets
 from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
 from quadjax.mixer import (
@@ -50,6 +50,7 @@ __all__ = [
     "hover_thrusts",
     "invariant_id",
     "load_params",
+    "mpc",
     "params_valid",
     "presets",
     "rk4_step",
