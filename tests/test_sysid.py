@@ -112,7 +112,7 @@ def test_spec_priors_bounds_and_bad_names():
     with pytest.raises(ValueError, match="std must be > 0"):
         ParamSpec.create("k_f", p, priors={"k_f": (1.0, 0.0)})
     with pytest.raises(ValueError, match="motor_tau cannot be identified"):
-        fit(excited_logs(p, n=1, steps=5), "k_f,motor_tau", p, horizon=4)
+        fit([], "k_f,motor_tau", p)  # refused before any data is looked at
 
 
 def test_motor_map():
@@ -129,9 +129,9 @@ def test_motor_map():
 
 def test_windows_cut_rows_and_delay():
     p = truth()
-    log = excited_logs(p, n=1, steps=30)[0]
+    log = excited_logs(p, n=1)[0]  # 41 rows
     w = make_windows(log, 5, stride=7, inputs="commands", input_delay=1, dtype="float64")
-    starts = np.arange(0, 31 - 5, 7)
+    starts = np.arange(0, 41 - 5, 7)
     assert w.num_windows == len(starts) and w.horizon == 5
     np.testing.assert_array_equal(w.state0.position, log.position[starts])
     np.testing.assert_array_equal(w.position[1], log.position[starts[1] + 1: starts[1] + 6])
@@ -200,7 +200,7 @@ def test_unexcited_motor_lag_is_flagged():
 
 def test_open_loop_errors_protocol():
     p = truth().replace(motor_tau=jnp.asarray(0.0))
-    log = excited_logs(p, n=1, steps=60)[0]
+    log = excited_logs(p, n=1)[0]
     H = 8
     naive = open_loop_errors(None, log, max_horizon=H)
     # by hand: every start i with i + H inside the log, the constant-state prediction

@@ -55,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lbfgs-steps", type=int, default=100)
     p.add_argument("--prior", action="append", metavar="NAME=MEAN,STD", help="Gaussian prior (SI units), repeatable")
     p.add_argument("--bound", action="append", metavar="NAME=LO,HI", help="bounds (SI units), repeatable")
-    p.add_argument("--weights", metavar="P,V,Q,W",
-                   help="residual scales in m, m/s, rad, rad/s (default 0.01,0.02,0.01,0.05)")
+    p.add_argument("--weights", metavar="P,V,Q,W[,R]",
+                   help="residual scales in m, m/s, rad, rad/s (default 0.01,0.02,0.01,0.05), and optionally "
+                        "rotor speeds in rad/s (scored with --inputs commands where the logs measure them)")
     p.add_argument("--covariance", choices=("sandwich", "gauss_newton"), default="sandwich")
     p.add_argument("--val-stride", type=int, default=1, help="validation start-index stride (1 = every index)")
     p.add_argument("--raw", action="store_true", help="do not low-pass filter nano-drone logs")

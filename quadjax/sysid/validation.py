@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from quadjax.logs import FlightLog
-from quadjax.params import QuadParams
+from quadjax.params import QuadParams, params_valid
 from quadjax.quaternion import quat_angle_between
 from quadjax.sysid.motor import MotorMap
 from quadjax.sysid.objective import predict
@@ -74,8 +74,9 @@ def _errors(pred_p, pred_v, pred_q, pred_w, w: Windows):
     ])
 
 
-def _summed_errors(params, motor_map, windows: Windows, dt, mode, substeps, batch_size, naive):
-    """Σ over windows of the (4, H) errors, computed in batches to bound memory."""
+def _summed_errors(params, motor_map, windows: Windows, valid, dt, mode, substeps, batch_size, naive):
+    """Σ over the valid windows of the (4, H) errors, in batches of ``batch_size`` to bound memory
+    (W is a multiple of it: see :func:`_pad`)."""
     def one(w):
         if naive:
             H = w.inputs.shape[0]
@@ -87,7 +88,20 @@ def _summed_errors(params, motor_map, windows: Windows, dt, mode, substeps, batc
         return _errors(pred.position, pred.velocity, pred.attitude, pred.body_rates, w)
 
     per = jax.lax.map(one, windows, batch_size=batch_size)
-    return jnp.sum(per, axis=0)
+    return jnp.sum(per * valid[:, None, None], axis=0)
+
+
+def _pad(windows: Windows, batch_size: int):
+    """Windows padded (with copies of the first) to a multiple of ``batch_size``, and the valid mask (W',).
+
+    ``lax.map`` would otherwise compile the model a second time for the remainder.
+    """
+    W = windows.num_windows
+    batch = min(batch_size, W)
+    extra = -W % batch
+    idx = np.concatenate([np.arange(W), np.zeros(extra, int)])
+    valid = np.concatenate([np.ones(W), np.zeros(extra)])
+    return windows.take(idx), valid, batch
 
 
 _summed_errors_jit = jax.jit(_summed_errors, static_argnames=("mode", "substeps", "batch_size", "naive"))
@@ -113,6 +127,8 @@ def open_loop_errors(
     included. Jitted inside (one compilation per shape and mode).
     """
     logs = [logs] if isinstance(logs, FlightLog) else list(logs)
+    if params is not None and not bool(params_valid(params)):
+        raise ValueError("open_loop_errors: params are not valid (see quadjax.params_valid)")
     dtype = dtype or (params.mass.dtype if params is not None else None)
     total, count = None, 0
     for log in logs:
@@ -122,7 +138,9 @@ def open_loop_errors(
         else:
             p = params
             mm = motor_map if motor_map is not None else MotorMap.identity(params.num_rotors, dtype=params.mass.dtype)
-        s = _summed_errors_jit(p, mm, w, log.dt, inputs, substeps, batch_size, params is None)
+        padded, valid, batch = _pad(w, batch_size)
+        s = _summed_errors_jit(p, mm, padded, jnp.asarray(valid, padded.inputs.dtype), log.dt, inputs, substeps,
+                               batch, params is None)
         total = s if total is None else total + s
         count += w.num_windows
     mean = np.asarray(total) / count
