@@ -5,7 +5,7 @@ Conventions (one set): SI units; world ENU (z up), body FLU; quaternion
 pure and un-jitted: the caller jits the outermost call.
 """
 
-from quadjax import control, frames, mpc, presets
+from quadjax import control, frames, mpc, native, presets
 from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
 from quadjax.mixer import (
@@ -51,6 +51,7 @@ __all__ = [
     "invariant_id",
     "load_params",
     "mpc",
+    "native",
     "params_valid",
     "presets",
     "rk4_step",

@@ -107,7 +107,7 @@ def rk4_step_c(params: QuadParams, state: QuadState, command, dt, external=None)
     derivative kᵢ₋₁ and the running sum: XLA's CPU backend recomputes shared
     subexpressions in every fused consumer, and the loop carry is where it
     materialises each stage once (1.7× faster than the unrolled form at N = 4096,
-    benchmarks/RESULTS.md). Sums are accumulated in the textbook order.
+    benchmarks/README.md). Sums are accumulated in the textbook order.
     """
     dtype = jnp.result_type(state.energy)
     a = jnp.asarray([0.0, 0.5, 0.5, 1.0], dtype)  # stage i evaluates f(x + aᵢ dt kᵢ₋₁)

@@ -34,7 +34,6 @@ Example (the seed-000 scenario)::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Callable, NamedTuple
 
@@ -42,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quadjax._components import join_state, split, split_state
+from quadjax._components import join, join_state, split, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import STEPPERS, rk4_step
 from quadjax.invariants import INVARIANT_IDS, state_violation
@@ -53,6 +52,7 @@ from quadjax.rollout import (
     _hold,
     _series,
     _setup,
+    _split_series,
     _stepper,
     _with_inputs,
     map_vehicles,
@@ -114,9 +114,9 @@ def _expand(flag, x):
 
 def _checked(
     params, state0, num_ticks, dt, command_fn, ctrl0, *, substeps, step, edit, save_every,
-    wind, wrench,
+    wind, wrench, inputs=None,
 ):
-    """Shared engine of the checked rollouts: ``command_fn(ctrl, state, k) -> (command, ctrl)``."""
+    """Shared engine of the checked rollouts: ``command_fn(ctrl, state, k, inputs_k) -> (command, ctrl)``."""
     constant = jnp.asarray([not isinstance(x, jax.core.Tracer) for x in _const_probe(params, dt)])
     P, S, dt, dtype = _setup(params, state0, dt)
     params = params.astype(dtype)
@@ -125,8 +125,9 @@ def _checked(
     R = len(S.rotor_speeds)
     xs = (
         jnp.arange(num_ticks),
-        _series("wind", wind, num_ticks, 3, dtype),
-        _series("wrench", wrench, num_ticks, 6, dtype),
+        _split_series(_series("wind", wind, num_ticks, 3, dtype)),
+        _split_series(_series("wrench", wrench, num_ticks, 6, dtype)),
+        inputs,
     )
     h = dt / substeps
     s0 = join_state(S)
@@ -145,10 +146,10 @@ def _checked(
 
     def tick(carry, x):
         S, ctrl, report = carry
-        k, wind_t, wrench_t = x
+        k, wind_t, wrench_t, inputs_k = x
         valid = join_state(S)
         s_in = valid if edit is None else edit(valid, k)
-        command, ctrl = command_fn(ctrl, s_in, k)
+        command, ctrl = command_fn(ctrl, s_in, k, inputs_k)
         command = jnp.asarray(command, dtype)
         P_t, external = _with_inputs(P, wind_t, wrench_t)
         s_out = join_state(_hold(step_c, P_t, split_state(s_in), split(command), h, substeps, external))
@@ -164,8 +165,8 @@ def _checked(
             state=s_in,
             command=command,
             after=jax.tree_util.tree_map(lambda a, b: jnp.where(_expand(broke_pre, a), a, b), s_in, s_out),
-            wind=wind_t,
-            wrench=wrench_t,
+            wind=None if wind_t is None else join(wind_t),
+            wrench=None if wrench_t is None else join(wrench_t),
             constant=report.constant,
         )
         report = _first(report, found, broke_pre | broke_post)
@@ -215,12 +216,12 @@ def rollout_checked(
     if commands.ndim != 2 or commands.shape[1] != R:
         raise ValueError(f"commands: shape {commands.shape}, expected (T, {R}) rotor-speed commands")
 
-    def command_fn(ctrl, state, k):
-        return commands[k], ctrl
+    def command_fn(ctrl, state, k, u):
+        return join(u), ctrl
 
     final, _, out, report = _checked(
         params, state0, commands.shape[0], dt, command_fn, None, substeps=substeps, step=step, edit=edit,
-        save_every=save_every, wind=wind, wrench=wrench,
+        save_every=save_every, wind=wind, wrench=wrench, inputs=split(commands),
     )
     return final, None if out is None else out[0], report
 
@@ -251,7 +252,7 @@ def rollout_closed_loop_checked(
         raise ValueError(f"num_ticks={num_ticks!r}: expected an int >= 1 (static under jit)")
     dtype = jnp.result_type(state0.position)
 
-    def command_fn(cs, state, k):
+    def command_fn(cs, state, k, _):
         t = k * jnp.asarray(dt, dtype)
         obs = state if observe is None else observe(params, state, t)
         return controller(ctrl_params, cs, obs, t)
@@ -328,7 +329,7 @@ def _detail(code, state: QuadState, params: QuadParams) -> str:
         w = np.asarray(state.rotor_speeds)
         wmax = float(np.asarray(params.omega_max))
         i = int(np.flatnonzero((w < 0) | (w > wmax))[0])
-        bound = f"< 0" if w[i] < 0 else f"> omega_max = {wmax:g} rad/s"
+        bound = "< 0" if w[i] < 0 else f"> omega_max = {wmax:g} rad/s"
         return f"rotor_speeds[{i}] = {w[i]:g} rad/s {bound}"
     if name == "energy":
         return f"energy = {float(np.asarray(state.energy)):g} J < 0"
@@ -456,7 +457,10 @@ class Replay(NamedTuple):
 
 
 def load_repro(path):
-    """Read a repro file: ``(meta, params, state, command, dt, wind, wrench)`` (exact dtypes)."""
+    """Read a repro file: ``(meta, params, state, command, dt, wind, wrench, after)``, exact dtypes.
+
+    ``wind``/``wrench`` are None where the run had none; ``after`` is the recorded output.
+    """
     with np.load(path, allow_pickle=False) as z:
         data = {k: z[k] for k in z.files}
     meta = json.loads(str(data.pop("meta")))
@@ -464,14 +468,15 @@ def load_repro(path):
     state = QuadState(**{f.name: jnp.asarray(data[f"state.{f.name}"]) for f in dataclasses.fields(QuadState)})
     after = QuadState(**{f.name: np.asarray(data[f"after.{f.name}"]) for f in dataclasses.fields(QuadState)})
     meta["constant"] = [bool(c) for c in data["constant"]]
-    return meta, params, state, jnp.asarray(data["command"]), jnp.asarray(data["dt"]), data.get("wind"), data.get("wrench"), after
+    command, dt = jnp.asarray(data["command"]), jnp.asarray(data["dt"])
+    return meta, params, state, command, dt, data.get("wind"), data.get("wrench"), after
 
 
 def _replay_step(params, state, command, dt, wind, wrench, *, substeps, step):
     """The checked tick of one vehicle for one command, exactly as in the rollout."""
     P, _, dt, dtype = _setup(params, state, dt)
     params = params.astype(dtype)
-    P_t, external = _with_inputs(P, wind, wrench)
+    P_t, external = _with_inputs(P, None if wind is None else split(wind), None if wrench is None else split(wrench))
     out = join_state(_hold(_stepper(step), P_t, split_state(state), split(command), dt / substeps, substeps, external))
     return state_violation(params, state), state_violation(params, out), out
 

@@ -30,21 +30,25 @@ Options shared by both rollouts (keyword-only, static under ``jit``):
 All arithmetic is in the dtype of ``state0``: params, commands, inputs and ``dt``
 are cast to it, so float32 stays float32 under x64.
 
-Speed (benchmarks/RESULTS.md): the state is split into components once before
-the scan and joined only where saved, so the jitted step is element-wise work on
-(N,) arrays that XLA vectorises across vehicles. For very large N, ``block``
-(batch helpers) runs vehicles in tiles of that many, each tile through the whole
-horizon, which keeps the working set in cache.
+Speed (benchmarks/RESULTS.md, benchmarks/README.md): the state is split into
+components once before the scan and joined only where saved, and per-command inputs
+are scanned as one series per component, so the jitted step is element-wise work on
+contiguous (N,) arrays that XLA vectorises across vehicles. ``block`` (batch helpers)
+runs vehicles in tiles of that many, each tile through the whole horizon (an option:
+it did not pay on the 2-core test machine). On CPUs with AVX-512,
+``XLA_FLAGS=--xla_cpu_prefer_vector_width=512`` gave ~15 %; the library never sets it.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from quadjax._components import join_state, split, split_params, split_state
+from quadjax import native
 from quadjax.integrators import STEPPERS, component_stepper, rk4_step
 from quadjax.params import QuadParams
 from quadjax.state import QuadState
@@ -99,11 +103,16 @@ def _setup(params, state0, dt):
     return split_params(params.astype(dtype)), split_state(state0), jnp.asarray(dt, dtype), dtype
 
 
+def _split_series(x):
+    """(T, k) → tuple of k series (T,); ``None`` passes through."""
+    return None if x is None else split(x)
+
+
 def _with_inputs(P, wind_t, wrench_t):
-    """Params and external wrench (component form) for one command."""
+    """Params and external wrench (component form) for one command, from component-form inputs."""
     if wind_t is not None:
-        P = P.replace(wind=split(wind_t))
-    external = None if wrench_t is None else (split(wrench_t[:3]), split(wrench_t[3:]))
+        P = P.replace(wind=tuple(wind_t))
+    external = None if wrench_t is None else (tuple(wrench_t[:3]), tuple(wrench_t[3:]))
     return P, external
 
 
@@ -169,6 +178,7 @@ def rollout(
     reduce_init=None,
     checkpoint: bool = False,
     unroll: int = 1,
+    backend: str = "auto",
 ):
     """Fly one vehicle open loop through ``commands`` (T, R) [rad/s], each held for ``dt`` [s].
 
@@ -176,6 +186,8 @@ def rollout(
     Returns ``(final_state, states)``: ``states`` holds the state after every
     ``save_every``-th command with a leading time axis (T // save_every, ...), or is
     ``None`` (``save_every=0``), or is the ``reduce`` carry. Options: module docstring.
+    ``backend``: ``"auto"`` runs the native CPU kernel (:mod:`quadjax.native`) where it
+    applies and XLA elsewhere; ``"xla"`` always XLA; ``"native"`` the kernel or an error.
     Batch with ``jax.vmap`` or :func:`rollout_batch` (outputs (N, T, ...)).
     """
     P, S, dt, dtype = _setup(params, state0, dt)
@@ -185,21 +197,85 @@ def rollout(
         raise ValueError(f"commands: shape {commands.shape}, expected (T, {R}) rotor-speed commands")
     T = commands.shape[0]
     _check_options(substeps, save_every, T, reduce)
+    wind = _series("wind", wind, T, 3, dtype)
+    wrench = _series("wrench", wrench, T, 6, dtype)
+    options = dict(substeps=substeps, step=step, save_every=save_every or 0, checkpoint=checkpoint, unroll=unroll)
+    if _use_native(backend, step, reduce, R, dtype):
+        return _rollout_native(params.astype(dtype), join_state(S), commands, dt, wind, wrench, options)
+    return _rollout_xla(P, S, commands, dt, wind, wrench, reduce=reduce, reduce_init=reduce_init, **options)
+
+
+def _use_native(backend, step, reduce, rotors, dtype) -> bool:
+    """Whether :func:`rollout` runs in the native kernel (``backend="native"`` insists)."""
+    if backend not in ("auto", "xla", "native"):
+        raise ValueError(f"backend={backend!r}: expected 'auto', 'xla' or 'native'")
+    if backend == "xla":
+        return False
+    why = None
+    if step not in ("rk4", rk4_step):
+        why = "it runs the library's RK4 only"
+    elif reduce is not None:
+        why = "reduce runs in JAX"
+    elif not native.supports(rotors, dtype):
+        why = f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
+    elif jax.default_backend() != "cpu":
+        why = "it is a CPU kernel"
+    elif not native.available():
+        why = native.unavailable_reason()
+    if why and backend == "native":
+        raise ValueError(f"backend='native': not available here ({why})")
+    return why is None
+
+
+def _rollout_xla(P, S, commands, dt, wind, wrench, *, substeps, step, save_every, checkpoint, unroll,
+                 reduce=None, reduce_init=None):
+    """The open-loop rollout in JAX on split params ``P`` and state ``S`` (component form)."""
     step_c = _stepper(step)
-    xs = (commands, _series("wind", wind, T, 3, dtype), _series("wrench", wrench, T, 6, dtype))
+    # per-command inputs scanned in component form: (T,) series per rotor/axis, so each
+    # step reads contiguous (N,) rows under vmap, not strided columns of (N, R) (2× faster)
+    xs = (split(commands), _split_series(wind), _split_series(wrench))
     h = dt / substeps
 
     def tick(S, x):
         u, wind_t, wrench_t = x
         P_t, external = _with_inputs(P, wind_t, wrench_t)
-        S = _hold(step_c, P_t, S, split(u), h, substeps, external)
+        S = _hold(step_c, P_t, S, u, h, substeps, external)
         return S, join_state(S)
 
     final, out = _drive(
-        tick, S, xs, T, save_every=save_every, reduce=reduce, reduce_init=reduce_init,
+        tick, S, xs, commands.shape[0], save_every=save_every, reduce=reduce, reduce_init=reduce_init,
         checkpoint=checkpoint, unroll=unroll,
     )
     return join_state(final), out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
+def _native_rollout_core(params, state0, commands, dt, wind, wrench, options):
+    return native.rollout(params, state0, commands, dt, wind, wrench, substeps=options.substeps,
+                          save_every=options.save_every)
+
+
+@_native_rollout_core.defjvp
+def _native_rollout_jvp(options, primals, tangents):
+    """Derivatives of the kernel's rollout are those of the XLA rollout (same model, same
+    numbers to rounding), so grad, jvp and checkpointing behave as on the XLA path."""
+    def xla(params, state0, commands, dt, wind, wrench):
+        return _rollout_xla(split_params(params), split_state(state0), commands, dt, wind, wrench,
+                            **options._asdict())
+
+    return jax.jvp(xla, primals, tangents)
+
+
+class _Options(NamedTuple):
+    substeps: int
+    step: object
+    save_every: int
+    checkpoint: bool
+    unroll: int
+
+
+def _rollout_native(params, state0, commands, dt, wind, wrench, options):
+    return _native_rollout_core(params, state0, commands, dt, wind, wrench, _Options(**options))
 
 
 # --------------------------------------------------------------------------- closed loop
@@ -245,8 +321,8 @@ def rollout_closed_loop(
     step_c = _stepper(step)
     xs = (
         jnp.arange(num_ticks),
-        _series("wind", wind, num_ticks, 3, dtype),
-        _series("wrench", wrench, num_ticks, 6, dtype),
+        _split_series(_series("wind", wind, num_ticks, 3, dtype)),
+        _split_series(_series("wrench", wrench, num_ticks, 6, dtype)),
     )
     h = dt / substeps
 

@@ -29,7 +29,8 @@ def _fleet(dtype):
     p = qj.presets.rp1(dtype)
     s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
     states = jax.tree_util.tree_map(lambda x: jnp.stack([x] * N), s0)
-    states = states.replace(position=states.position.at[:, 0].set(10.0 * jnp.arange(N, dtype=dtype)))  # x = 10 m × index
+    # vehicle i starts at x = 10 i m: the caller's code below tells them apart by x
+    states = states.replace(position=states.position.at[:, 0].set(10.0 * jnp.arange(N, dtype=dtype)))
     rng = np.random.default_rng(0)
     u = qj.hover_rotor_speed(p) * jnp.asarray(1 + 0.03 * rng.standard_normal((N, T, 4)), dtype)
     return p, states, u
@@ -50,13 +51,14 @@ def planted(request):
     p, s0, u = _fleet(dtype)
     u = u.at[3, 5, 2].set(jnp.nan)  # vehicle 3: a NaN command at step 5 -> the step breaks I4
     checked = jax.jit(lambda s, u: rollout_checked_batch(p, s, u, 1e-3, edit=_bad_edit(6, 11, -0.02)))(s0, u)
-    plain = jax.jit(lambda s, u: rollout_batch(p, s, u, 1e-3))(s0, u)
+    plain = jax.jit(lambda s, u: rollout_batch(p, s, u, 1e-3, backend="xla"))(s0, u)  # the checked engine is XLA
     return dtype, p, checked, plain
 
 
 def test_planted_violations_are_found_and_the_other_vehicles_are_untouched(planted):
     dtype, p, (final, states, report), (ref_final, ref_states) = planted
-    expect = {3: (5, MONITOR_IDS.index("non_finite"), AFTER_STEP), 6: (11, MONITOR_IDS.index("below_ground"), BEFORE_STEP)}
+    expect = {3: (5, MONITOR_IDS.index("non_finite"), AFTER_STEP),
+              6: (11, MONITOR_IDS.index("below_ground"), BEFORE_STEP)}
     for v in range(N):
         tick, code, phase = expect.get(v, (-1, 0, -1))
         assert (int(report.tick[v]), int(report.code[v]), int(report.phase[v])) == (tick, code, phase), v
