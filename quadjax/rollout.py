@@ -26,17 +26,23 @@ Options shared by both rollouts (keyword-only, static under ``jit``):
 * ``checkpoint``: rematerialise each command's physics in the backward pass
   (``jax.checkpoint``): reverse-mode memory drops to one state per command.
 * ``unroll``: passed to ``lax.scan`` (measured: no gain on CPU; see benchmarks).
+* ``backend``: ``"auto"`` (the native CPU kernel where it applies, else XLA), ``"xla"``, or
+  ``"native"`` (the kernel, or a ValueError saying why it does not apply).
 
 All arithmetic is in the dtype of ``state0``: params, commands, inputs and ``dt``
 are cast to it, so float32 stays float32 under x64.
 
-Speed (benchmarks/RESULTS.md, benchmarks/README.md): the state is split into
-components once before the scan and joined only where saved, and per-command inputs
-are scanned as one series per component, so the jitted step is element-wise work on
-contiguous (N,) arrays that XLA vectorises across vehicles. ``block`` (batch helpers)
-runs vehicles in tiles of that many, each tile through the whole horizon (an option:
-it did not pay on the 2-core test machine). On CPUs with AVX-512,
-``XLA_FLAGS=--xla_cpu_prefer_vector_width=512`` gave ~15 %; the library never sets it.
+Speed (benchmarks/RESULTS.md, benchmarks/README.md): on the CPU backend the open loop,
+and each closed-loop tick's physics, run by default in quadjax's native kernel
+(:mod:`quadjax.native`, ``backend="auto"``): RK4 with vehicles in SIMD lanes across the
+cores, ~7× XLA's throughput, within 1.5× of the hand-vectorised C reference. Derivatives
+(``jax.grad``, ``jvp``), ``reduce`` in the open loop, other steppers and other backends (GPU)
+run the XLA path below, which matches the kernel to rounding. On the XLA path the state is
+split into components once before the scan and joined only where saved, and per-command
+inputs are scanned as one series per component, so the jitted step is element-wise work
+on contiguous (N,) arrays that XLA vectorises across vehicles. ``block`` (batch helpers)
+runs vehicles in tiles of that many, each tile through the whole horizon (an option: it
+did not pay on the 2-core test machine).
 """
 
 from __future__ import annotations
@@ -200,12 +206,22 @@ def rollout(
     wind = _series("wind", wind, T, 3, dtype)
     wrench = _series("wrench", wrench, T, 6, dtype)
     options = dict(substeps=substeps, step=step, save_every=save_every or 0, checkpoint=checkpoint, unroll=unroll)
-    if _use_native(backend, step, reduce, R, dtype):
+    if not _use_native(backend, step, R, dtype):
+        return _rollout_xla(P, S, commands, dt, wind, wrench, reduce=reduce, reduce_init=reduce_init, **options)
+    if reduce is None:  # the whole horizon in one kernel call
         return _rollout_native(params.astype(dtype), join_state(S), commands, dt, wind, wrench, options)
-    return _rollout_xla(P, S, commands, dt, wind, wrench, reduce=reduce, reduce_init=reduce_init, **options)
+    # a fold: one kernel call per command inside the scan, so (T, ...) is never held
+    advance = _native_advance(params.astype(dtype), dt, substeps)
+
+    def tick(state, x):
+        state = advance(state, *x)
+        return state, state
+
+    return _drive(tick, join_state(S), (commands, wind, wrench), T, save_every=save_every, reduce=reduce,
+                  reduce_init=reduce_init, checkpoint=checkpoint, unroll=unroll)
 
 
-def _use_native(backend, step, reduce, rotors, dtype) -> bool:
+def _use_native(backend, step, rotors, dtype) -> bool:
     """Whether :func:`rollout` runs in the native kernel (``backend="native"`` insists)."""
     if backend not in ("auto", "xla", "native"):
         raise ValueError(f"backend={backend!r}: expected 'auto', 'xla' or 'native'")
@@ -214,8 +230,6 @@ def _use_native(backend, step, reduce, rotors, dtype) -> bool:
     why = None
     if step not in ("rk4", rk4_step):
         why = "it runs the library's RK4 only"
-    elif reduce is not None:
-        why = "reduce runs in JAX"
     elif not native.supports(rotors, dtype):
         why = f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
     elif jax.default_backend() != "cpu":
@@ -278,6 +292,18 @@ def _rollout_native(params, state0, commands, dt, wind, wrench, options):
     return _native_rollout_core(params, state0, commands, dt, wind, wrench, _Options(**options))
 
 
+def _native_advance(params, dt, substeps):
+    """``advance(state, command, wind_t, wrench_t) -> state``: one command's physics in the kernel
+    (array-form state; ``wind_t`` (3,) / ``wrench_t`` (6,) or None), for scans that need every tick."""
+    options = _Options(substeps=substeps, step=rk4_step, save_every=0, checkpoint=False, unroll=1)
+
+    def advance(state, command, wind_t, wrench_t):
+        rows = [None if x is None else x[None] for x in (wind_t, wrench_t)]
+        return _native_rollout_core(params, state, command[None], dt, *rows, options)[0]
+
+    return advance
+
+
 # --------------------------------------------------------------------------- closed loop
 
 
@@ -300,6 +326,7 @@ def rollout_closed_loop(
     reduce_init=None,
     checkpoint: bool = False,
     unroll: int = 1,
+    backend: str = "auto",
 ):
     """Fly one vehicle under a pure controller for ``num_ticks`` controller ticks of ``dt`` [s].
 
@@ -311,42 +338,50 @@ def rollout_closed_loop(
     in here. Returns ``(final_state, final_ctrl_state, states, commands)``, the last
     two every ``save_every``-th tick (T // save_every, ...) or ``None``; with
     ``reduce``, ``states`` is the fold of every state and ``commands`` is ``None``.
-    ``wind``/``wrench`` are per tick (num_ticks, 3)/(num_ticks, 6). Batch with
-    ``jax.vmap`` or :func:`rollout_closed_loop_batch`.
+    ``wind``/``wrench`` are per tick (num_ticks, 3)/(num_ticks, 6). ``backend`` as in
+    :func:`rollout` (the kernel then runs each tick's physics; ``reduce`` is allowed). Batch
+    with ``jax.vmap`` or :func:`rollout_closed_loop_batch`.
     """
     P, S, dt, dtype = _setup(params, state0, dt)
     if not isinstance(num_ticks, int) or num_ticks < 1:
         raise ValueError(f"num_ticks={num_ticks!r}: expected an int >= 1 (static under jit)")
     _check_options(substeps, save_every, num_ticks, reduce)
-    step_c = _stepper(step)
-    xs = (
-        jnp.arange(num_ticks),
-        _split_series(_series("wind", wind, num_ticks, 3, dtype)),
-        _split_series(_series("wrench", wrench, num_ticks, 6, dtype)),
-    )
-    h = dt / substeps
+    wind = _series("wind", wind, num_ticks, 3, dtype)
+    wrench = _series("wrench", wrench, num_ticks, 6, dtype)
+    if _use_native(backend, step, len(S.rotor_speeds), dtype):  # the kernel advances each tick
+        advance = _native_advance(params.astype(dtype), dt, substeps)
+        carry0, view = join_state(S), (lambda c: c)
+        xs = (jnp.arange(num_ticks), wind, wrench)
+    else:
+        step_c = _stepper(step)
+        h = dt / substeps
+        carry0, view = S, join_state
+        xs = (jnp.arange(num_ticks), _split_series(wind), _split_series(wrench))
+
+        def advance(c, command, wind_t, wrench_t):
+            P_t, external = _with_inputs(P, wind_t, wrench_t)
+            return _hold(step_c, P_t, c, split(command), h, substeps, external)
 
     def tick(carry, x):
-        S, cs = carry
+        c, cs = carry
         k, wind_t, wrench_t = x
         t = k * dt
-        state = join_state(S)
+        state = view(c)
         obs = state if observe is None else observe(params, state, t)
         command, cs = controller(ctrl_params, cs, obs, t)
         command = jnp.asarray(command, dtype)
-        P_t, external = _with_inputs(P, wind_t, wrench_t)
-        S = _hold(step_c, P_t, S, split(command), h, substeps, external)
-        y = join_state(S) if reduce is not None else (join_state(S), command)
-        return (S, cs), y
+        c = advance(c, command, wind_t, wrench_t)
+        y = view(c) if reduce is not None else (view(c), command)
+        return (c, cs), y
 
-    (S, cs), out = _drive(
-        tick, (S, ctrl_state0), xs, num_ticks, save_every=save_every, reduce=reduce,
+    (c, cs), out = _drive(
+        tick, (carry0, ctrl_state0), xs, num_ticks, save_every=save_every, reduce=reduce,
         reduce_init=reduce_init, checkpoint=checkpoint, unroll=unroll,
     )
     if reduce is not None:
-        return join_state(S), cs, out, None
+        return view(c), cs, out, None
     states, commands = (None, None) if out is None else out
-    return join_state(S), cs, states, commands
+    return view(c), cs, states, commands
 
 
 # --------------------------------------------------------------------------- batching

@@ -43,6 +43,7 @@ enum StateIndex : int { kPx = 0, kVx = 3, kQw = 6, kWx = 10, kRot = 13 };
 // Vehicles per block (SIMD lanes). Wide blocks keep the working set in L1; a batch's
 // remainder runs in narrow ones, so that small batches do not compute idle lanes.
 constexpr int kWide = 32, kNarrow = 8;
+constexpr int kChunk = 64;  // ticks of commands staged per block at a time
 
 // Batch broadcasting: the offset of vehicle v's row in an input whose batch dims are each
 // 1 or the output's.
@@ -86,6 +87,7 @@ struct Kernel {
   F ext[6][kLanes];   // external body wrench
   F h[kLanes];        // step length dt / substeps
   F k[S][kLanes];     // RK stage derivative
+  F staged[kChunk][R][kLanes];  // the next commands, lane-major
 
   // One lane's derivative k = f(xs) (quadjax.derivative, component form).
   // (GCC vectorises the lane loop only when these inner loops are fully unrolled.)
@@ -251,26 +253,36 @@ void RunBlock(Kernel<F, R, kLanes>& K, const Inputs& in, int64_t v0, int count, 
     K.h[j] = K.p[NP - 1][j] / static_cast<F>(in.substeps);
   }
   const int64_t T = in.T;
-  for (int64_t tick = 0; tick < T; ++tick) {
+  for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
+    // stage the block's next commands lane-major: each vehicle's rows are read in one
+    // sequential run instead of one strided line per vehicle per tick
+    const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
     for (int j = 0; j < kLanes; ++j) {
-      const F* c = commands + (crow[j] * T + tick) * R;
-      for (int r = 0; r < R; ++r) K.u[r][j] = c[r];
-      if (in.has_wind) {
-        const F* w = wind + (wrow[j] * T + tick) * 3;
-        K.p[kWindX][j] = w[0];
-        K.p[kWindY][j] = w[1];
-        K.p[kWindZ][j] = w[2];
-      }
-      if (in.has_wrench) {
-        const F* w = wrench + (rrow[j] * T + tick) * 6;
-        for (int i = 0; i < 6; ++i) K.ext[i][j] = w[i];
-      }
+      const F* c = commands + (crow[j] * T + t0) * R;
+      for (int tt = 0; tt < len; ++tt)
+        for (int r = 0; r < R; ++r) K.staged[tt][r][j] = c[tt * R + r];
     }
-    for (int64_t s = 0; s < in.substeps; ++s) K.rk4();
-    if (in.save_every > 0 && (tick + 1) % in.save_every == 0) {
-      const int64_t slot = tick / in.save_every, slots = T / in.save_every;
-      for (int j = 0; j < count; ++j)
-        for (int i = 0; i < S; ++i) saved[((v0 + j) * slots + slot) * S + i] = K.x[i][j];
+    for (int tt = 0; tt < len; ++tt) {
+      const int64_t tick = t0 + tt;
+      std::copy(&K.staged[tt][0][0], &K.staged[tt][0][0] + R * kLanes, &K.u[0][0]);
+      for (int j = 0; j < kLanes; ++j) {
+        if (in.has_wind) {
+          const F* w = wind + (wrow[j] * T + tick) * 3;
+          K.p[kWindX][j] = w[0];
+          K.p[kWindY][j] = w[1];
+          K.p[kWindZ][j] = w[2];
+        }
+        if (in.has_wrench) {
+          const F* w = wrench + (rrow[j] * T + tick) * 6;
+          for (int i = 0; i < 6; ++i) K.ext[i][j] = w[i];
+        }
+      }
+      for (int64_t s = 0; s < in.substeps; ++s) K.rk4();
+      if (in.save_every > 0 && (tick + 1) % in.save_every == 0) {
+        const int64_t slot = tick / in.save_every, slots = T / in.save_every;
+        for (int j = 0; j < count; ++j)
+          for (int i = 0; i < S; ++i) saved[((v0 + j) * slots + slot) * S + i] = K.x[i][j];
+      }
     }
   }
   for (int j = 0; j < count; ++j)
