@@ -5,10 +5,11 @@ share of them (``jax.shard_map`` over a one-axis mesh named ``"vehicles"``) and
 nothing is communicated during the rollout. N need not divide the device count:
 the batch is padded with copies of its last vehicle and the padding dropped.
 
-On a multi-core CPU this is also the faster way to use the cores: one XLA CPU device
-per core (``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>``, set before JAX
-starts) and :func:`rollout_sharded` ran 1.3–1.5× faster than XLA's own multi-threading
-of each fused kernel on the 2-core test machine (benchmarks/RESULTS.md, "levers").
+On a multi-core CPU with ``backend="xla"``, one XLA CPU device per core
+(``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>``, set before JAX starts) and
+:func:`rollout_sharded` ran 1.2–1.4× faster than XLA's own multi-threading of each fused
+kernel on the 2-core test machine (benchmarks/RESULTS.md, "levers"); the native CPU kernel
+(the default there) already spreads vehicles over the cores.
 
 Single host, several devices (GPUs, or CPU devices forced)::
 

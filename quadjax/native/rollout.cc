@@ -1,4 +1,5 @@
-// Native CPU kernel for quadjax's open-loop RK4 rollout, called through XLA's FFI.
+// Native CPU kernel for quadjax's RK4 rollout, called through XLA's FFI: the open loop's whole
+// horizon in one call, or one closed-loop tick per call.
 //
 // The physics is quadjax.derivative + quadjax.rk4_step (see their docstrings for the
 // equations); this file restates it so that a C++ compiler can keep one vehicle's whole
@@ -9,7 +10,7 @@
 //
 // Layouts (all row-major, leading "batch" dims broadcast against the outputs' batch dims,
 // each either equal or 1; quadjax/native/__init__.py packs and unpacks them):
-//   params   (..., NP)      NP = kFixed + 3 R: the scalar fields in Param order, then per rotor
+//   params   (..., NP)      NP = kFixed + 3 R + 1: the fields in Param order, then per rotor
 //                          (x, y, spin), then dt
 //   state    (..., S)       S = 15 + R: position 3, velocity 3, attitude (w,x,y,z) 4, body
 //                          rates 3, rotor speeds R, energy, on_ground
@@ -62,14 +63,27 @@ struct Broadcast {
       strides[d] = in[d] == 1 ? 0 : s;
       s *= in[d];
     }
+    classify();
   }
   int64_t row(int64_t v) const {
+    if (same) return v;  // the common cases first: no divisions
+    if (shared) return 0;
     int64_t r = 0;
     for (int d = static_cast<int>(out_dims.size()) - 1; d >= 0; --d) {
       r += (v % out_dims[d]) * strides[d];
       v /= out_dims[d];
     }
     return r;
+  }
+  bool same = false, shared = false;  // batch dims equal to the outputs' / all 1
+  void classify() {
+    same = shared = true;
+    int64_t s = 1;
+    for (int d = static_cast<int>(out_dims.size()) - 1; d >= 0; --d) {
+      same &= strides[d] == s || out_dims[d] == 1;
+      shared &= strides[d] == 0;
+      s *= out_dims[d];
+    }
   }
 };
 
@@ -88,6 +102,7 @@ struct Kernel {
   F h[kLanes];        // step length dt / substeps
   F k[S][kLanes];     // RK stage derivative
   F staged[kChunk][R][kLanes];  // the next commands, lane-major
+  bool params_ready = false;    // p and h hold a shared parameter row
 
   // One lane's derivative k = f(xs) (quadjax.derivative, component form).
   // (GCC vectorises the lane loop only when these inner loops are fully unrolled.)
@@ -240,6 +255,9 @@ void RunBlock(Kernel<F, R, kLanes>& K, const Inputs& in, int64_t v0, int count, 
   using KF = Kernel<F, R, kLanes>;
   constexpr int S = KF::S, NP = KF::NP;
   int64_t prow[kLanes], crow[kLanes], wrow[kLanes], rrow[kLanes];
+  // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
+  // closed-loop tick, are otherwise dominated by this transposition)
+  const bool reuse = bp.shared && K.params_ready;
   for (int j = 0; j < kLanes; ++j) {
     const int64_t v = v0 + (j < count ? j : 0);  // spare lanes repeat the first vehicle
     prow[j] = bp.row(v);
@@ -247,11 +265,13 @@ void RunBlock(Kernel<F, R, kLanes>& K, const Inputs& in, int64_t v0, int count, 
     wrow[j] = in.has_wind ? bw.row(v) : 0;
     rrow[j] = in.has_wrench ? br.row(v) : 0;
     const int64_t srow = bs.row(v);
-    for (int i = 0; i < NP; ++i) K.p[i][j] = params[prow[j] * NP + i];
+    if (!reuse)
+      for (int i = 0; i < NP; ++i) K.p[i][j] = params[prow[j] * NP + i];
     for (int i = 0; i < S; ++i) K.x[i][j] = state[srow * S + i];
     for (int i = 0; i < 6; ++i) K.ext[i][j] = 0;
     K.h[j] = K.p[NP - 1][j] / static_cast<F>(in.substeps);
   }
+  K.params_ready = bp.shared;
   const int64_t T = in.T;
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     // stage the block's next commands lane-major: each vehicle's rows are read in one
@@ -350,7 +370,7 @@ ffi::Error Rollout(ffi::ThreadPool pool, ffi::Buffer<DT> params, ffi::Buffer<DT>
   };
   // XLA's intra-op pool: worth it only with several blocks and enough steps per block
   const int64_t threads = std::min<int64_t>(pool.num_threads(), blocks);
-  const bool parallel = threads > 1 && n * T * substeps >= (int64_t{1} << 16);
+  const bool parallel = threads > 1 && n * T * substeps >= (int64_t{1} << 12);
   if (!parallel) {
     work();
     return ffi::Error::Success();
