@@ -14,7 +14,7 @@ thread pool.
 
 The kernel is compiled on first use with the system C++ compiler (``$CXX``, else
 ``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached in
-``$QUADJAX_CACHE_DIR`` (default ``~/.cache/quadjax``) under a hash of the source,
+``$QUADJAX_CACHE_DIR`` (default ``~/.cache/quadjax``, else the temp dir) under a hash of the source,
 the compiler, the flags and the jaxlib version. Without a compiler, or with
 ``QUADJAX_NATIVE=0``, :func:`available` is False and everything runs on XLA.
 """
@@ -53,8 +53,10 @@ _FIXED = ("mass", "inertia", "k_f", "k_m", "motor_tau", "omega_min", "omega_max"
           "battery_sag", "ground_z", "gravity", "wind")
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("QUADJAX_CACHE_DIR") or Path.home() / ".cache" / "quadjax")
+def _cache_dirs() -> list[Path]:
+    """Where the built kernel may live: $QUADJAX_CACHE_DIR or ~/.cache/quadjax, then the temp dir."""
+    first = Path(os.environ.get("QUADJAX_CACHE_DIR") or Path.home() / ".cache" / "quadjax")
+    return [first, Path(tempfile.gettempdir()) / "quadjax"]
 
 
 def _compiler() -> str | None:
@@ -71,9 +73,20 @@ def _build() -> Path:
         SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
-    lib = _cache_dir() / f"quadjax_native_{key}.so"
-    if lib.exists():
-        return lib
+    name = f"quadjax_native_{key}.so"
+    for folder in _cache_dirs():
+        if (folder / name).exists():
+            return folder / name
+    errors = []
+    for folder in _cache_dirs():  # a read-only home falls back to the temp dir
+        try:
+            return _compile(cxx, folder / name)
+        except OSError as e:
+            errors.append(f"{folder}: {e}")
+    raise RuntimeError("cannot write the kernel: " + "; ".join(errors))
+
+
+def _compile(cxx: str, lib: Path) -> Path:
     lib.parent.mkdir(parents=True, exist_ok=True)
     # build beside the target and rename: concurrent processes (pytest -n) never see half a file
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
