@@ -210,14 +210,11 @@ def _tick(static: Static, v: dict, vehicle: dict, c: dict, k, t, ref1):
     z = draws(15) if static.noise else None
     obs = observe(c["state"], v["noise"], z[3:].reshape(4, 3)) if static.noise else c["state"]
     command, cs1 = _law(static)[0](ctrl, c["cs"], obs, t)
-    # physics in component form (quadjax._components): split once per tick, not per step
-    plant = split_params(params)
-    if static.gusts:
-        plant = plant.replace(wind=tuple(w + g for w, g in zip(plant.wind, split(c["gust"]))))
-    if _use_native("auto", static.stepper, len(plant.rotor_spins), dtype):  # the CPU kernel: same model
-        wind = params.wind + c["gust"] if static.gusts else params.wind
-        s1 = _native_advance(params.replace(wind=wind), v["dt"], static.substeps)(c["state"], command, None, None)
-    else:
+    plant = params.replace(wind=params.wind + c["gust"]) if static.gusts else params
+    if _use_native("auto", static.stepper, params.rotor_spins.shape[-1], dtype):  # the CPU kernel: same model
+        s1 = _native_advance(plant, v["dt"], static.substeps)(c["state"], command, None, None)
+    else:  # physics in component form (quadjax._components): split once per tick, not per step
+        plant = split_params(plant)
         step, h, u = component_stepper(STEPPERS[static.stepper]), v["dt"] / static.substeps, split(command)
         s1 = jax.lax.fori_loop(0, static.substeps, lambda _, s: step(plant, s, u, h), split_state(c["state"]),
                                unroll=False)
