@@ -97,9 +97,10 @@ struct Kernel {
   F x[S][kLanes];     // state
   F t[S][kLanes];     // RK stage argument
   F acc[S][kLanes];   // RK running sum
-  F u[R][kLanes];     // command
+  F u[R][kLanes];     // command, clamped to [ω_min, ω_max] once per tick
   F ext[6][kLanes];   // external body wrench
   F h[kLanes];        // step length dt / substeps
+  F inv_tau[kLanes];  // 1 / τ (1 without lag): constant over the call
   F k[S][kLanes];     // RK stage derivative
   F staged[kChunk][R][kLanes];  // the next commands, lane-major
   bool params_ready = false;    // p and h hold a shared parameter row
@@ -112,13 +113,12 @@ struct Kernel {
     const F wx = xs[kWx][j], wy = xs[kWx + 1][j], wz = xs[kWx + 2][j];
     const F energy = xs[kEnergy][j];
     const bool lag = p[kTau][j] > F(0);
-    const F inv_tau = F(1) / (lag ? p[kTau][j] : F(1));
+    const F inv_tau = this->inv_tau[j];
     const F sc = (F(1) - p[kSag][j] * std::min(energy / p[kCap][j], F(1))) * p[kKf][j];
     F ftot = 0, roll = 0, pitch = 0, yaw = 0, spin_sum = 0, power = 0;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      F c = u[r][j];
-      c = c < p[kWmin][j] ? p[kWmin][j] : (c > p[kWmax][j] ? p[kWmax][j] : c);
+      const F c = u[r][j];
       const F w = xs[kRot + r][j];
       const F eff = lag ? w : c;
       k[kRot + r][j] = lag ? (c - w) * inv_tau : F(0);
@@ -209,9 +209,7 @@ struct Kernel {
     F wsq = 0;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      F c = u[r][j];
-      c = c < p[kWmin][j] ? p[kWmin][j] : (c > wmax ? wmax : c);
-      F w = lag ? acc[kRot + r][j] : c;
+      F w = lag ? acc[kRot + r][j] : u[r][j];
       w = w < F(0) ? F(0) : (w > wmax ? wmax : w);
       rot[r] = w;
       wsq += w * w;
@@ -270,6 +268,7 @@ void RunBlock(Kernel<F, R, kLanes>& K, const Inputs& in, int64_t v0, int count, 
     for (int i = 0; i < S; ++i) K.x[i][j] = state[srow * S + i];
     for (int i = 0; i < 6; ++i) K.ext[i][j] = 0;
     K.h[j] = K.p[NP - 1][j] / static_cast<F>(in.substeps);
+    K.inv_tau[j] = F(1) / (K.p[kTau][j] > F(0) ? K.p[kTau][j] : F(1));
   }
   K.params_ready = bp.shared;
   const int64_t T = in.T;
@@ -284,7 +283,11 @@ void RunBlock(Kernel<F, R, kLanes>& K, const Inputs& in, int64_t v0, int count, 
     }
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
-      std::copy(&K.staged[tt][0][0], &K.staged[tt][0][0] + R * kLanes, &K.u[0][0]);
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < kLanes; ++j) {
+          const F c = K.staged[tt][r][j], lo = K.p[kWmin][j], hi = K.p[kWmax][j];
+          K.u[r][j] = c < lo ? lo : (c > hi ? hi : c);  // NaN stays NaN
+        }
       for (int j = 0; j < kLanes; ++j) {
         if (in.has_wind) {
           const F* w = wind + (wrow[j] * T + tick) * 3;
