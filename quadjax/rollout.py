@@ -205,20 +205,25 @@ def rollout(
     _check_options(substeps, save_every, T, reduce)
     wind = _series("wind", wind, T, 3, dtype)
     wrench = _series("wrench", wrench, T, 6, dtype)
-    options = dict(substeps=substeps, step=step, save_every=save_every or 0, checkpoint=checkpoint, unroll=unroll)
+    options = _Options(substeps=substeps, step=step, save_every=save_every or 0, checkpoint=checkpoint,
+                       unroll=unroll)
     if not _use_native(backend, step, R, dtype):
-        return _rollout_xla(P, S, commands, dt, wind, wrench, reduce=reduce, reduce_init=reduce_init, **options)
+        return _rollout_xla(P, S, commands, dt, wind, wrench, reduce=reduce, reduce_init=reduce_init,
+                            **options._asdict())
+    x0 = native.pack_state(join_state(S))
     if reduce is None:  # the whole horizon in one kernel call
-        return _rollout_native(params.astype(dtype), join_state(S), commands, dt, wind, wrench, options)
+        final, saved = _native_rollout_core(params.astype(dtype), x0, commands, dt, wind, wrench, options)
+        return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
     # a fold: one kernel call per command inside the scan, so (T, ...) is never held
     advance = _native_advance(params.astype(dtype), dt, substeps)
 
-    def tick(state, x):
-        state = advance(state, *x)
-        return state, state
+    def tick(x, inputs):
+        x = advance(x, *inputs)
+        return x, native.unpack_state(x, R)
 
-    return _drive(tick, join_state(S), (commands, wind, wrench), T, save_every=save_every, reduce=reduce,
-                  reduce_init=reduce_init, checkpoint=checkpoint, unroll=unroll)
+    final, acc = _drive(tick, x0, (commands, wind, wrench), T, save_every=save_every, reduce=reduce,
+                        reduce_init=reduce_init, checkpoint=checkpoint, unroll=unroll)
+    return native.unpack_state(final, R), acc
 
 
 def _use_native(backend, step, rotors, dtype) -> bool:
@@ -263,24 +268,9 @@ def _rollout_xla(P, S, commands, dt, wind, wrench, *, substeps, step, save_every
     return join_state(final), out
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
-def _native_rollout_core(params, state0, commands, dt, wind, wrench, options):
-    return native.rollout(params, state0, commands, dt, wind, wrench, substeps=options.substeps,
-                          save_every=options.save_every)
-
-
-@_native_rollout_core.defjvp
-def _native_rollout_jvp(options, primals, tangents):
-    """Derivatives of the kernel's rollout are those of the XLA rollout (same model, same
-    numbers to rounding), so grad, jvp and checkpointing behave as on the XLA path."""
-    def xla(params, state0, commands, dt, wind, wrench):
-        return _rollout_xla(split_params(params), split_state(state0), commands, dt, wind, wrench,
-                            **options._asdict())
-
-    return jax.jvp(xla, primals, tangents)
-
-
 class _Options(NamedTuple):
+    """The static options of one open-loop rollout (``save_every`` 0 for none)."""
+
     substeps: int
     step: object
     save_every: int
@@ -288,18 +278,34 @@ class _Options(NamedTuple):
     unroll: int
 
 
-def _rollout_native(params, state0, commands, dt, wind, wrench, options):
-    return _native_rollout_core(params, state0, commands, dt, wind, wrench, _Options(**options))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
+def _native_rollout_core(params, x0, commands, dt, wind, wrench, options: _Options):
+    """The kernel's rollout on packed states (:func:`quadjax.native.pack_state`)."""
+    return native.rollout(params, x0, commands, dt, wind, wrench, substeps=options.substeps,
+                          save_every=options.save_every)
+
+
+@_native_rollout_core.defjvp
+def _native_rollout_jvp(options, primals, tangents):
+    """Derivatives of the kernel's rollout are those of the XLA rollout (same model, same
+    numbers to rounding), so grad, jvp and checkpointing behave as on the XLA path."""
+    def xla(params, x0, commands, dt, wind, wrench):
+        R = commands.shape[-1]
+        final, saved = _rollout_xla(split_params(params), split_state(native.unpack_state(x0, R)), commands,
+                                    dt, wind, wrench, **options._asdict())
+        return native.pack_state(final), None if saved is None else native.pack_state(saved)
+
+    return jax.jvp(xla, primals, tangents)
 
 
 def _native_advance(params, dt, substeps):
-    """``advance(state, command, wind_t, wrench_t) -> state``: one command's physics in the kernel
-    (array-form state; ``wind_t`` (3,) / ``wrench_t`` (6,) or None), for scans that need every tick."""
+    """``advance(x, command, wind_t, wrench_t) -> x``: one command's physics in the kernel on a
+    packed state ``x`` (``wind_t`` (3,) / ``wrench_t`` (6,) or None), for scans that need every tick."""
     options = _Options(substeps=substeps, step=rk4_step, save_every=0, checkpoint=False, unroll=1)
 
-    def advance(state, command, wind_t, wrench_t):
-        rows = [None if x is None else x[None] for x in (wind_t, wrench_t)]
-        return _native_rollout_core(params, state, command[None], dt, *rows, options)[0]
+    def advance(x, command, wind_t, wrench_t):
+        rows = [None if v is None else v[None] for v in (wind_t, wrench_t)]
+        return _native_rollout_core(params, x, command[None], dt, *rows, options)[0]
 
     return advance
 
@@ -350,7 +356,8 @@ def rollout_closed_loop(
     wrench = _series("wrench", wrench, num_ticks, 6, dtype)
     if _use_native(backend, step, len(S.rotor_speeds), dtype):  # the kernel advances each tick
         advance = _native_advance(params.astype(dtype), dt, substeps)
-        carry0, view = join_state(S), (lambda c: c)
+        R = len(S.rotor_speeds)
+        carry0, view = native.pack_state(join_state(S)), (lambda c: native.unpack_state(c, R))
         xs = (jnp.arange(num_ticks), wind, wrench)
     else:
         step_c = _stepper(step)

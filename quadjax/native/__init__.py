@@ -152,9 +152,9 @@ def pack_params(params: QuadParams, dt) -> jax.Array:
 
 
 def pack_state(state: QuadState) -> jax.Array:
-    """(15 + R,) kernel state row."""
+    """(..., 15 + R) kernel state rows (leading axes kept)."""
     return jnp.concatenate([state.position, state.velocity, state.attitude, state.body_rates,
-                            state.rotor_speeds, state.energy[None], state.on_ground[None]])
+                            state.rotor_speeds, state.energy[..., None], state.on_ground[..., None]], axis=-1)
 
 
 def unpack_state(x: jax.Array, rotors: int) -> QuadState:
@@ -168,13 +168,13 @@ def unpack_state(x: jax.Array, rotors: int) -> QuadState:
 # --------------------------------------------------------------------------- the call
 
 
-def rollout(params: QuadParams, state0: QuadState, commands, dt, wind, wrench, *, substeps: int,
-            save_every: int):
-    """One vehicle's open-loop RK4 rollout in the kernel (batch with ``jax.vmap``).
+def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int, save_every: int):
+    """One vehicle's RK4 rollout in the kernel on a packed state ``x0`` (:func:`pack_state`);
+    batch with ``jax.vmap``.
 
-    Inputs already checked and cast to one dtype by :func:`quadjax.rollout`. Returns
-    ``(final, saved)`` as :func:`quadjax.rollout` does (``saved`` None for ``save_every=0``).
-    Not differentiable by itself: :func:`quadjax.rollout` supplies the derivative.
+    Inputs already checked and cast to one dtype by :func:`quadjax.rollout`. Returns the packed
+    ``(final, saved)`` (``saved`` None for ``save_every=0``). Not differentiable by itself:
+    :func:`quadjax.rollout` supplies the derivative.
     """
     if _load() is not None:
         raise RuntimeError(f"quadjax native kernel unavailable: {_load()}")
@@ -189,9 +189,9 @@ def rollout(params: QuadParams, state0: QuadState, commands, dt, wind, wrench, *
     )
     dummy = jnp.zeros((1,), dtype)
     final, saved = call(
-        pack_params(params, dt), pack_state(state0), commands,
+        pack_params(params, dt), x0, commands,
         dummy if wind is None else wind, dummy if wrench is None else wrench,
         substeps=np.int64(substeps), save_every=np.int64(save_every),
         has_wind=wind is not None, has_wrench=wrench is not None,
     )
-    return unpack_state(final, R), (unpack_state(saved, R) if save_every else None)
+    return final, (saved if save_every else None)

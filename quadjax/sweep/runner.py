@@ -54,6 +54,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from quadjax import control as C
+from quadjax import native
 from quadjax import presets
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax.integrators import STEPPERS, component_stepper
@@ -212,7 +213,8 @@ def _tick(static: Static, v: dict, vehicle: dict, c: dict, k, t, ref1):
     command, cs1 = _law(static)[0](ctrl, c["cs"], obs, t)
     plant = params.replace(wind=params.wind + c["gust"]) if static.gusts else params
     if _use_native("auto", static.stepper, params.rotor_spins.shape[-1], dtype):  # the CPU kernel: same model
-        s1 = _native_advance(plant, v["dt"], static.substeps)(c["state"], command, None, None)
+        x1 = _native_advance(plant, v["dt"], static.substeps)(native.pack_state(c["state"]), command, None, None)
+        s1 = native.unpack_state(x1, params.rotor_spins.shape[-1])
     else:  # physics in component form (quadjax._components): split once per tick, not per step
         plant = split_params(plant)
         step, h, u = component_stepper(STEPPERS[static.stepper]), v["dt"] / static.substeps, split(command)
