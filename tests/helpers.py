@@ -1,10 +1,14 @@
 """Small shared helpers for the tests (not part of the library)."""
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import quadjax as qj
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def leaves_close(a, b, rtol=1e-12, atol=0.0):
@@ -50,3 +54,19 @@ def busy_params(dtype=jnp.float64):
 def command_for(params, factors=(1.05, 0.97, 1.02, 0.99)):
     """Rotor commands near hover [rad/s]."""
     return qj.hover_rotor_speed(params) * jnp.asarray(factors, params.mass.dtype)
+
+
+def run_notebook(name, cwd):
+    """Execute ``notebooks/<name>`` top to bottom with ``cwd`` as its working folder.
+
+    Returns (code-cell outputs, their printed text joined). The caller skips first where
+    nbformat, nbclient or ipykernel is missing (``pytest.importorskip``).
+    """
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}}).execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    return outputs, "".join(o.get("text", "") for o in outputs)
