@@ -3,61 +3,64 @@
 Conventions (one set): SI units; world ENU (z up), body FLU; quaternion
 (w, x, y, z) rotating body → world; PX4 Quad X rotor order. Core functions are
 pure and un-jitted: the caller jits the outermost call.
+
+Day one: the types (:class:`QuadParams`, :class:`QuadState`), the model
+(:func:`derivative`, :func:`rk4_step`), the engine (:func:`simulate` with a
+:class:`SimConfig`, batched by :func:`map_vehicles` / :func:`vehicle_axes`), the mixer
+(:func:`mix`), presets and hover trim, the invariants and status codes. Everything else
+lives in its module: ``quadjax.control``, ``quadjax.mixer``, ``quadjax.monitor``,
+``quadjax.sweep``, ``quadjax.sysid`` (imports optax), ``quadjax.mpc``, ``quadjax.native``,
+``quadjax.sharding``, ``quadjax.frames``.
 """
 
-from quadjax import control, frames, mpc, native, presets
-from quadjax.integrators import euler_step, ground_contact, rk4_step, semi_implicit_euler_step
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from quadjax import control, frames, presets, status
+from quadjax.engine import Hook, Inputs, Reduce, SimConfig, Tick, Trajectory, map_vehicles, simulate, vehicle_axes
+from quadjax.integrators import euler_step, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
-from quadjax.mixer import (
-    MixerLayout,
-    MixerOutput,
-    MixerParams,
-    allocate,
-    mix,
-    mixer_params_from,
-    mixer_params_valid,
-    saturation_from,
-    to_rotor_command,
-    wrench,
-)
+from quadjax.mixer import MixerParams, mix
 from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thrusts
-from quadjax.params import QuadParams, params_valid
-from quadjax.rollout import rollout, rollout_closed_loop
+from quadjax.params import QuadParams, check_params, params_valid
 from quadjax.state import QuadState
-from quadjax.sysid.io import load_params
+from quadjax.status import STATUS_IDS
+
+try:
+    __version__ = _version("quadjax")
+except PackageNotFoundError:  # a source tree that was not installed
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
-    "MixerLayout",
-    "MixerOutput",
+    "INVARIANT_IDS",
+    "STATUS_IDS",
+    "Hook",
+    "Inputs",
     "MixerParams",
-    "allocate",
-    "mix",
-    "mixer_params_from",
-    "mixer_params_valid",
-    "saturation_from",
-    "to_rotor_command",
-    "wrench",
     "QuadParams",
     "QuadState",
-    "INVARIANT_IDS",
+    "Reduce",
+    "SimConfig",
+    "Tick",
+    "Trajectory",
+    "__version__",
+    "check_params",
+    "control",
     "derivative",
     "euler_step",
     "frames",
-    "control",
-    "ground_contact",
     "hover_rotor_speed",
     "hover_state",
     "hover_thrusts",
     "invariant_id",
-    "load_params",
-    "mpc",
-    "native",
+    "map_vehicles",
+    "mix",
     "params_valid",
     "presets",
     "rk4_step",
-    "rollout",
-    "rollout_closed_loop",
     "semi_implicit_euler_step",
+    "simulate",
     "state_valid",
     "state_violation",
+    "status",
+    "vehicle_axes",
 ]

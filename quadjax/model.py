@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 
 from quadjax._components import join_state, split, split_params, split_state
+from quadjax.mixer import allocation_matrix  # mixer does not import model: no cycle
 from quadjax.params import QuadParams
 from quadjax.quadrotor import (
     body_wrench_c,
@@ -67,12 +68,12 @@ def hover_thrusts(params: QuadParams):
     """Rotor thrusts (R,) [N] that hold the vehicle level and still, full battery.
 
     The minimum-norm T with ΣTᵢ = m g and zero roll, pitch and yaw moment:
-    T = Bᵀ (B Bᵀ)⁻¹ (m g, 0, 0, 0), B the 4×R map from thrusts to (F, τx, τy, τz).
+    T = Bᵀ (B Bᵀ)⁻¹ (m g, 0, 0, 0), B the 4×R map from thrusts to (F, τx, τy, τz)
+    (:func:`quadjax.mixer.allocation_matrix`).
     Equal thrusts for a symmetric layout. Per vehicle (vmap for batches).
     """
-    x, y = params.rotor_positions[:, 0], params.rotor_positions[:, 1]
-    B = jnp.stack([jnp.ones_like(x), y, -x, -params.k_m * params.rotor_spins])
-    target = jnp.zeros(4, dtype=x.dtype).at[0].set(params.mass * params.gravity)
+    B = allocation_matrix(params)  # the mixer's B: it reads only rotor_positions, rotor_spins and k_m
+    target = jnp.zeros(4, dtype=B.dtype).at[0].set(params.mass * params.gravity)
     return B.T @ jnp.linalg.solve(B @ B.T, target)
 
 

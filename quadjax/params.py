@@ -223,6 +223,35 @@ def _raise_on_bad(values):
         if not np.all(ok):
             bound = _BOUNDS.get(name, "finite and >= 0")
             raise ValueError(f"QuadParams.{name} = {values[name].tolist()}: must be {bound}")
+    _raise_on_singular_layout(values)
+
+
+def _raise_on_singular_layout(values):
+    """Reject layouts whose allocation B (4×R, thrusts → (F, τx, τy, τz)) is singular: fewer
+    than 4 rotors, rotors on one line (no roll or pitch authority), or spins that cannot make
+    a yaw moment. Hover trim and the mixer solve with B; a singular one gives garbage."""
+    pos, spins = values["rotor_positions"], values["rotor_spins"]
+    R = pos.shape[0]
+    if R < 4:
+        raise ValueError(f"QuadParams.rotor_positions: {R} rotors; a multirotor needs at least 4 to "
+                         "control thrust, roll, pitch and yaw independently")
+    x, y = pos[:, 0], pos[:, 1]
+    B = np.stack([np.ones(R), y, -x, -float(values["k_m"]) * spins])
+    rows = B if float(values["k_m"]) > 0 else B[:3]  # k_m = 0: no yaw authority by construction
+    scale = np.max(np.abs(B[1:3])) if np.any(B[1:3]) else 1.0
+    if np.linalg.matrix_rank(rows / np.maximum(np.abs(rows).max(axis=1, keepdims=True), 1e-300),
+                             tol=1e-9) < rows.shape[0]:
+        why = ("the rotors lie on one line (no roll or pitch authority)"
+               if np.linalg.matrix_rank(B[:3] / np.array([[1.0], [scale], [scale]]), tol=1e-9) < 3
+               else "the spins cannot produce a yaw moment (mix CW and CCW rotors)")
+        raise ValueError(f"QuadParams.rotor_positions/rotor_spins: singular allocation: {why}")
+
+
+def check_params(params: "QuadParams") -> None:
+    """Raise ``ValueError`` naming the first bad field of concrete params (I1, host side):
+    :meth:`QuadParams.create`'s checks, for params built another way."""
+    values = {f.name: np.asarray(getattr(params, f.name), np.float64) for f in dataclasses.fields(params)}
+    _raise_on_bad(values)
 
 
 def params_valid(params: QuadParams) -> jax.Array:

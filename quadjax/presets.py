@@ -166,12 +166,12 @@ def cmu_plus(dtype=None) -> QuadParams:
 
 #: name → (constructor, one-line source), for listings and the CLI
 PRESETS = {
-    "rp1": (rp1, "seed 000/002 RP-1, reconstructed (GUIDE §1); mass and inertia assumed"),
+    "rp1": (rp1, "RP-1 reference vehicle: k_f, arm, k_m and T_max published; mass and inertia assumed"),
     "c4dynamics_reference": (c4dynamics_reference, "c4dynamics 2.6 default_quad_config (Luukkonen 2011)"),
     "crazyflie21": (crazyflie21, "Förster 2015 thesis / RotorPy crazyflie_params"),
     "crazyflie21_brushless": (crazyflie21_brushless, "Busetto et al. CEP 2026 nano-drone benchmark"),
     "iris": (iris, "PX4 Gazebo iris.sdf"),
-    "cmu_plus": (cmu_plus, "seed 003 CMU course system_params.yaml ('+' layout)"),
+    "cmu_plus": (cmu_plus, "CMU quadrotor course system_params.yaml ('+' layout)"),
 }
 
 

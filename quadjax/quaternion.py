@@ -95,11 +95,6 @@ def quat_kinematics_c(q, body_rates):
     return tuple(0.5 * c for c in quat_multiply_c(q, (0.0, p, r, s)))
 
 
-def quat_kinematics(q, body_rates):
-    """q̇ = ½ q ⊗ (0, ω) for body rates ω [rad/s]. (..., 4), (..., 3) → (..., 4)."""
-    return join(quat_kinematics_c(split(q), split(body_rates)))
-
-
 def quat_from_axis_angle(axis, angle):
     """Unit quaternion of a rotation by ``angle`` [rad] about unit ``axis`` (..., 3)."""
     half = 0.5 * jnp.asarray(angle)[..., None]

@@ -24,19 +24,9 @@ def solve_inertia_c(J, b):
     return (r0 * inv_det, r1 * inv_det, r2 * inv_det)
 
 
-def solve_inertia(J, b):
-    """x = J⁻¹ b for a 3×3 inertia J (..., 3, 3) and b (..., 3), by the adjugate."""
-    return join(solve_inertia_c(split_matrix(J), split(b)))
-
-
 def inertia_times_c(J, w):
     """J w on components."""
     return tuple(dot_c(row, w) for row in J)
-
-
-def inertia_times(J, w):
-    """J w for J (..., 3, 3), w (..., 3), written out."""
-    return join(inertia_times_c(split_matrix(J), split(w)))
 
 
 def angular_acceleration_c(J, body_rates, moment):
@@ -54,14 +44,6 @@ def linear_acceleration_c(mass, gravity, attitude, body_force):
     """v̇ = R(q) F_b / m − g e_z on components."""
     ax, ay, az = quat_rotate_c(attitude, body_force)
     return (ax / mass, ay / mass, az / mass - gravity)
-
-
-def linear_acceleration(mass, gravity, attitude, body_force):
-    """Newton's law in the world frame: v̇ = R(q) F_b / m − g e_z [m/s²].
-
-    mass [kg], gravity [m/s²], body_force [N] in the body frame (everything but weight).
-    """
-    return join(linear_acceleration_c(mass, gravity, split(attitude), split(body_force)))
 
 
 def rigid_body_derivative_c(mass, inertia, gravity, attitude, velocity, body_rates, body_force, moment):

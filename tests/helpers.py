@@ -1,14 +1,34 @@
 """Small shared helpers for the tests (not part of the library)."""
 
+import functools
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import quadjax as qj
+import quadjax.native
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+#: ``pytest.mark.parametrize("backend", BACKENDS)``: a physics test on the native kernel (skipped
+#: where it is unavailable) and on XLA, pinned through ``SimConfig(backend=...)``
+BACKENDS = [
+    pytest.param("native", marks=pytest.mark.skipif(
+        not quadjax.native.available(), reason=f"native kernel: {quadjax.native.unavailable_reason()}")),
+    "xla",
+]
+
+
+@functools.cache
+def simulate_open_loop(backend, **config):
+    """``jit``-ed ``(params, state0, commands, dt) -> Trajectory`` on ``backend`` (other
+    SimConfig fields from ``config``)."""
+    config = qj.SimConfig(backend=backend, **config)
+    return jax.jit(lambda p, s, u, dt: qj.simulate(p, s, dt, commands=u, config=config))
 
 
 def leaves_close(a, b, rtol=1e-12, atol=0.0):

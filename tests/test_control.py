@@ -18,6 +18,13 @@ def a(x):
     return jnp.asarray(x, F64)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 5))
+def closed_loop(plant, s0, law, ctrl, cs0, n):
+    """``n`` ticks of DT under ``law``: (final state, final controller state, states (n, ...))."""
+    traj = qj.simulate(plant, s0, DT, controller=law, ctrl_params=ctrl, ctrl_state=cs0, num_ticks=n)
+    return traj.final, traj.ctrl_state, traj.states
+
+
 def fly(params, ref, state0, seconds, *, kind="pid", gains=None, rates=None, plant=None):
     """Closed-loop flight; returns (states (T, ...), final controller state)."""
     if kind == "pid":
@@ -29,8 +36,7 @@ def fly(params, ref, state0, seconds, *, kind="pid", gains=None, rates=None, pla
         cs = C.geometric_init(ctrl, state0)
         law = C.geometric_control
     n = int(round(seconds / DT))
-    run = jax.jit(lambda c, cs, s: qj.rollout_closed_loop(plant or params, s, law, c, cs, n, DT))
-    _, cs, states, _ = run(ctrl, cs, state0)
+    _, cs, states = closed_loop(plant or params, state0, law, ctrl, cs, n)
     return states, cs
 
 
@@ -68,9 +74,8 @@ def _windup_run(anti_windup):
     ctrl = C.PIDController.create(p, ref)
     law = functools.partial(C.pid_control, rates=rates)
     heavy = p.replace(gravity=a(3.6 * 9.80665))
-    run = jax.jit(qj.rollout_closed_loop, static_argnums=(2, 5))
-    s1, cs1, heavy_states, _ = run(heavy, s0, law, ctrl, C.pid_init(ctrl, s0), 750, DT)
-    _, _, after, _ = run(p, s1, law, ctrl, cs1, 3000, DT)
+    s1, cs1, heavy_states = closed_loop(heavy, s0, law, ctrl, C.pid_init(ctrl, s0), 750)
+    _, _, after = closed_loop(p, s1, law, ctrl, cs1, 3000)
     return cs1, heavy_states, after
 
 
@@ -112,7 +117,8 @@ def _tracking_loss(gains, ctrl, s0, n):
     ref = ctrl.reference
     p = PLANT
     law = functools.partial(C.pid_control, rates=C.CascadeRates(dt=DT))
-    _, _, states, _ = qj.rollout_closed_loop(p, s0, law, ctrl, C.pid_init(ctrl, s0), n, DT)
+    states = qj.simulate(p, s0, DT, controller=law, ctrl_params=ctrl, ctrl_state=C.pid_init(ctrl, s0),
+                         num_ticks=n).states
     t = DT * jnp.arange(1, n + 1)
     target = jax.vmap(ref)(t).position
     return jnp.mean(jnp.sum((states.position - target) ** 2, axis=-1))

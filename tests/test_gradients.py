@@ -1,4 +1,4 @@
-"""Differentiability: grad of a rollout against central finite differences, finite grads at edge states."""
+"""Differentiability: grad of a simulation against central finite differences, finite grads at edge states."""
 
 import dataclasses
 
@@ -14,7 +14,8 @@ T, DT = 100, 2e-3
 
 
 def _loss(params, state0, commands):
-    final, traj = qj.rollout(params, state0, commands, DT)
+    traj = qj.simulate(params, state0, DT, commands=commands)
+    final, traj = traj.final, traj.states
     return (
         jnp.sum(final.position**2)
         + jnp.sum(traj.velocity[::10] ** 2)
@@ -41,7 +42,7 @@ FIELDS = [f.name for f in dataclasses.fields(qj.QuadParams)]
 
 
 @pytest.mark.parametrize("field", FIELDS)
-def test_rollout_gradient_matches_finite_differences(setup, field):
+def test_simulation_gradient_matches_finite_differences(setup, field):
     p, s, commands, loss, grad = setup
     value = getattr(p, field)
     rng = np.random.default_rng(abs(hash(field)) % 2**32)
@@ -93,7 +94,7 @@ def test_gradients_are_finite_at_edge_states(dtype):
     """Hover, rotors stopped, identity attitude, on the ground; with and without lag; hover and zero command."""
 
     def loss(params, state, command):
-        final, _ = qj.rollout(params, state, jnp.tile(command, (5, 1)), 1e-3)
+        final = qj.simulate(params, state, 1e-3, commands=jnp.tile(command, (5, 1))).final
         return sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(final))
 
     grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(*_edge_cases(dtype))

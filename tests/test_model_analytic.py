@@ -8,6 +8,7 @@ import pytest
 import quadjax as qj
 from quadjax.presets import PRESETS
 from quadjax.quaternion import quat_rotate
+from tests.helpers import BACKENDS, simulate_open_loop
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -31,19 +32,22 @@ def test_hover_is_an_equilibrium(name, dtype):
     assert d.velocity.dtype == dtype
 
 
-def test_hover_state_holds_for_a_second():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hover_state_holds_for_a_second(backend):
     p = qj.presets.iris(dtype=jnp.float64)
     s = qj.hover_state(p, (0.0, 0.0, 2.0))
-    final, _ = jax.jit(qj.rollout)(p, s, jnp.tile(qj.hover_rotor_speed(p), (1000, 1)), 1e-3)
+    final = simulate_open_loop(backend, save_every=0)(p, s, jnp.tile(qj.hover_rotor_speed(p), (1000, 1)), 1e-3).final
     np.testing.assert_allclose(final.position, s.position, atol=1e-9)
 
 
-def test_free_fall_is_exact_under_rk4():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_free_fall_is_exact_under_rk4(backend):
     """Rotors stopped, no drag: z(t) = z0 + v0 t − g t²/2, exactly (RK4 is exact on polynomials)."""
     p = qj.presets.rp1(dtype=jnp.float64).replace(drag_linear=jnp.zeros(3), drag_quadratic=jnp.zeros(3))
     s0 = qj.QuadState.create(position=(0.0, 0.0, 100.0), velocity=(1.0, 2.0, 3.0), dtype=jnp.float64)
     T, dt = 200, 0.01
-    final, traj = jax.jit(qj.rollout)(p, s0, jnp.zeros((T, 4)), dt)
+    out = simulate_open_loop(backend)(p, s0, jnp.zeros((T, 4)), dt)
+    final, traj = out.final, out.states
     t = dt * np.arange(1, T + 1)
     g = float(p.gravity)
     np.testing.assert_allclose(traj.position[:, 2], 100.0 + 3.0 * t - 0.5 * g * t**2, rtol=1e-13)
@@ -52,13 +56,14 @@ def test_free_fall_is_exact_under_rk4():
     np.testing.assert_array_equal(traj.body_rates, 0.0)
 
 
-def test_torque_free_tumbling_conserves_momentum_and_energy():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torque_free_tumbling_conserves_momentum_and_energy(backend):
     """No thrust, no drag, full asymmetric inertia: world angular momentum R J ω and ½ ωᵀJω are constant."""
     p = qj.presets.crazyflie21(dtype=jnp.float64).replace(ground_z=jnp.asarray(-1e9))
     J = p.inertia
     s0 = qj.QuadState.create(position=(0.0, 0.0, 10.0), body_rates=(3.0, -5.0, 8.0), rotor_speeds=(0.0,) * 4,
                              dtype=jnp.float64)
-    _, traj = jax.jit(qj.rollout)(p, s0, jnp.zeros((4000, 4)), 5e-4)
+    traj = simulate_open_loop(backend)(p, s0, jnp.zeros((4000, 4)), 5e-4).states
     L = jax.vmap(lambda q, w: quat_rotate(q, J @ w))(traj.attitude, traj.body_rates)
     L0 = quat_rotate(s0.attitude, J @ s0.body_rates)
     np.testing.assert_allclose(L, jnp.broadcast_to(L0, L.shape), rtol=0, atol=1e-10 * float(jnp.linalg.norm(L0)))
@@ -76,11 +81,13 @@ def _grounded(p):
     return qj.hover_state(p, (0.5, 0.5, float(p.ground_z))).replace(on_ground=jnp.asarray(1.0, p.mass.dtype))
 
 
-def test_grounded_stays_put_below_weight():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grounded_stays_put_below_weight(backend):
     p = qj.presets.rp1(dtype=jnp.float64)
     s = _grounded(p).replace(attitude=jnp.asarray([np.cos(0.2), 0.0, 0.0, np.sin(0.2)]))
     cmd = jnp.tile(0.99 * qj.hover_rotor_speed(p), (300, 1))
-    final, traj = jax.jit(qj.rollout)(p, s, cmd, 1e-3)
+    out = simulate_open_loop(backend)(p, s, cmd, 1e-3)
+    final, traj = out.final, out.states
     np.testing.assert_array_equal(traj.position, jnp.broadcast_to(s.position, traj.position.shape))
     np.testing.assert_array_equal(traj.velocity, 0.0)
     np.testing.assert_array_equal(traj.on_ground, 1.0)
@@ -88,10 +95,12 @@ def test_grounded_stays_put_below_weight():
     assert float(final.energy) > 0  # the rotors still spin and draw power
 
 
-def test_grounded_lifts_off_above_weight():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grounded_lifts_off_above_weight(backend):
     p = qj.presets.rp1(dtype=jnp.float64)
     cmd = jnp.tile(1.05 * qj.hover_rotor_speed(p), (300, 1))
-    final, traj = jax.jit(qj.rollout)(p, _grounded(p), cmd, 1e-3)
+    out = simulate_open_loop(backend)(p, _grounded(p), cmd, 1e-3)
+    final, traj = out.final, out.states
     assert float(final.position[2]) > float(p.ground_z) + 1e-3
     assert float(final.on_ground) == 0.0
     first_air = int(np.argmax(np.asarray(traj.on_ground) == 0.0))
@@ -100,12 +109,14 @@ def test_grounded_lifts_off_above_weight():
     assert w_lift > float(qj.hover_rotor_speed(p)[0])
 
 
-def test_falling_vehicle_stops_at_ground():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_falling_vehicle_stops_at_ground(backend):
     p = qj.presets.rp1(dtype=jnp.float64).replace(ground_z=jnp.asarray(-0.5), drag_linear=jnp.zeros(3),
                                                   drag_quadratic=jnp.zeros(3))
     s0 = qj.QuadState.create(position=(0.0, 0.0, 1.5), dtype=jnp.float64)
     dt = 1e-3
-    final, traj = jax.jit(qj.rollout)(p, s0, jnp.zeros((1000, 4)), dt)
+    out = simulate_open_loop(backend)(p, s0, jnp.zeros((1000, 4)), dt)
+    final, traj = out.final, out.states
     z = np.asarray(traj.position[:, 2])
     assert z.min() == pytest.approx(-0.5, abs=0.0)
     np.testing.assert_array_equal(final.velocity, 0.0)

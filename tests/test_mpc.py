@@ -68,7 +68,8 @@ def jitted_control(name):
 @functools.cache
 def jitted_hold():
     """Plant: one controller tick of SUBSTEPS RK4 steps with the command held."""
-    return jax.jit(lambda p, s, u: qj.rollout(p, s, u[None], TICK, substeps=SUBSTEPS)[0])
+    config = qj.SimConfig(substeps=SUBSTEPS, save_every=0)
+    return jax.jit(lambda p, s, u: qj.simulate(p, s, TICK, commands=u[None], config=config).final)
 
 
 def perturbed(p, dtype=F64, offset=(0.4, -0.3, -0.3), tilt=0.2, velocity=(0.3, 0.0, 0.0)):
@@ -299,9 +300,9 @@ def test_a_nonfinite_observation_keeps_the_plan_and_sets_a_status(name):
     assert np.all(np.isfinite(np.asarray(cs_bad.plan)))
 
 
-def test_vmap_over_vehicles_in_rollout_closed_loop_matches_single_runs():
+def test_vmap_over_vehicles_in_a_closed_loop_simulation_matches_single_runs():
     """Two vehicles with different plants (mass +10 %), starts and PRNG keys, batched by vmap
-    inside one jitted rollout_closed_loop, equal the same flights run one by one."""
+    inside one jitted closed-loop simulate, equal the same flights run one by one."""
     name = "mppi"
     cfg, params = problem(name)
     p = params.model
@@ -313,9 +314,11 @@ def test_vmap_over_vehicles_in_rollout_closed_loop_matches_single_runs():
 
     def one(plant, s0, key):
         cs0 = cfg.init(params, s0, key)
-        return qj.rollout_closed_loop(plant, s0, cfg.control, params, cs0, ticks, TICK, substeps=SUBSTEPS)
+        return qj.simulate(plant, s0, TICK, controller=cfg.control, ctrl_params=params, ctrl_state=cs0,
+                           num_ticks=ticks, config=qj.SimConfig(substeps=SUBSTEPS))
 
-    _, cs, states, commands = jax.jit(jax.vmap(one))(stack(plants), stack(starts), stack(keys))
+    traj = jax.jit(jax.vmap(one))(stack(plants), stack(starts), stack(keys))
+    cs, states, commands = traj.ctrl_state, traj.states, traj.commands
     for i in range(2):
         loop_states, loop_infos, loop_commands = fly_loop(name, params, plants[i], starts[i], ticks, keys[i])
         np.testing.assert_allclose(states.position[i], loop_states.position, rtol=1e-9, atol=1e-12)

@@ -17,10 +17,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import quadjax as qj
-from quadjax.rollout import rollout_batch, vehicle_axes
+import quadjax.native
+from quadjax import vehicle_axes
 from tests.helpers import busy_params, busy_state, leaves_close, leaves_equal
 
-pytestmark = pytest.mark.skipif(not qj.native.available(), reason=f"native kernel: {qj.native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not quadjax.native.available(),
+                                reason=f"native kernel: {quadjax.native.unavailable_reason()}")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = {jnp.float32: dict(rtol=2e-5, atol=2e-5), jnp.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -45,6 +47,17 @@ def _fleet(p, N, T, dtype, seed=0, spread=0.1):
     return states, u
 
 
+def _batch(ps, s, u, dt, *, backend, params_axes=None, commands_axes=0, wind=None, wrench=None, hooks=(), **config):
+    """N vehicles open loop through ``u`` (vmapped over ``s`` and, per the axes, ``ps`` and ``u``)."""
+    config = qj.SimConfig(backend=backend, **config)
+    inputs = qj.Inputs(wind=wind, wrench=wrench)
+
+    def one(p, s, u):
+        return qj.simulate(p, s, dt, commands=u, inputs=inputs, hooks=hooks, config=config)
+
+    return qj.map_vehicles(one, (ps, s, u), (params_axes, 0, commands_axes))
+
+
 def _both(fn):
     """fn(backend) jitted for the kernel and for XLA."""
     return jax.jit(lambda *a: fn("native", *a)), jax.jit(lambda *a: fn("xla", *a))
@@ -58,10 +71,12 @@ def test_kernel_matches_xla_with_every_term_on(dtype):
     rng = np.random.default_rng(1)
     wind = jnp.asarray(rng.normal(0, 3, (T, 3)), dtype)
     wrench = jnp.asarray(rng.normal(0, 0.2, (T, 6)), dtype)
-    fold = dict(reduce=lambda c, s: jnp.maximum(c, jnp.abs(s.body_rates)), reduce_init=jnp.zeros(3, dtype))
+    fold = dict(hooks=(qj.Reduce(lambda c, s: jnp.maximum(c, jnp.abs(s.body_rates)), jnp.zeros(3, dtype)),))
     for kw in (dict(), dict(save_every=8, substeps=3, wind=wind, wrench=wrench), dict(wind=wind, **fold)):
-        native, xla = _both(lambda b, s, u: rollout_batch(p, s, u, 2e-3, backend=b, **kw))
-        leaves_close(native(states, u), xla(states, u), **TOL[dtype])
+        native, xla = _both(lambda b, s, u: _batch(p, s, u, 2e-3, backend=b, **kw))
+        on_native, on_xla = native(states, u), xla(states, u)
+        assert (on_native.backend, on_xla.backend) == ("native", "xla")
+        leaves_close(on_native, on_xla, **TOL[dtype])
 
 
 def test_kernel_matches_xla_without_motor_lag_on_the_ground_and_with_six_and_eight_rotors():
@@ -85,8 +100,9 @@ def test_kernel_matches_xla_without_motor_lag_on_the_ground_and_with_six_and_eig
         states = states.replace(velocity=states.velocity.at[2].set(jnp.asarray([0.0, 0.0, -3.0], dtype)))
         hover = qj.hover_rotor_speed(p)
         u = u.at[0].set(0.3 * hover).at[1].set(1.5 * hover).at[2].set(0.5 * hover)
-        native, xla = _both(lambda b, s, u: rollout_batch(p, s, u, 5e-3, backend=b))
-        (fn, sn), (fx, sx) = native(states, u), xla(states, u)
+        native, xla = _both(lambda b, s, u: _batch(p, s, u, 5e-3, backend=b))
+        on_native, on_xla = native(states, u), xla(states, u)
+        (fn, sn), (fx, sx) = (on_native.final, on_native.states), (on_xla.final, on_xla.states)
         leaves_close((fn, sn), (fx, sx), **TOL[dtype])
         assert float(sn.on_ground[0, -1]) == 1.0 and float(sn.on_ground[1, -1]) == 0.0, name
         assert float(sn.on_ground[2, -1]) == 1.0 and float(sn.position[2, -1, 2]) == float(p.ground_z), name
@@ -99,13 +115,13 @@ def test_per_vehicle_and_nested_batches_broadcast_like_vmap():
     states, u = _fleet(p, N, T, dtype)
     masses = p.mass * jnp.linspace(0.8, 1.2, N).astype(dtype)
     per = p.replace(mass=masses)
-    native, xla = _both(lambda b, ps, s, u: rollout_batch(ps, s, u, 1e-3, params_axes=vehicle_axes(ps, "mass"), backend=b))
+    native, xla = _both(lambda b, ps, s, u: _batch(ps, s, u, 1e-3, params_axes=vehicle_axes(ps, "mass"), backend=b))
     leaves_close(native(per, states, u), xla(per, states, u), **TOL[dtype])
     # 3 parameter sets × N vehicles sharing one command sequence: a 2-level vmap
     sets = p.replace(k_f=p.k_f * jnp.asarray([0.95, 1.0, 1.05], dtype))
 
     def grid(b, sets, s, u):
-        one = lambda ps: rollout_batch(ps, s, u[0], 1e-3, commands_axes=None, save_every=0, backend=b)[0]
+        one = lambda ps: _batch(ps, s, u[0], 1e-3, commands_axes=None, save_every=0, backend=b).final
         return jax.vmap(one, in_axes=(vehicle_axes(sets, "k_f"),))(sets)
 
     native, xla = _both(grid)
@@ -120,7 +136,7 @@ def test_a_vehicle_gets_the_same_bits_in_any_batch_and_a_bad_one_spoils_nothing_
     dtype = jnp.float32
     p = busy_params(dtype)
     states, u = _fleet(p, 70, 30, dtype)
-    run = jax.jit(lambda s, u: rollout_batch(p, s, u, 1e-3, save_every=0, backend="native")[0])
+    run = jax.jit(lambda s, u: _batch(p, s, u, 1e-3, save_every=0, backend="native").final)
     full = run(states, u)
     for lo, hi in ((0, 1), (33, 36), (40, 70), (64, 70)):
         part = run(jax.tree_util.tree_map(lambda x: x[lo:hi], states), u[lo:hi])
@@ -138,7 +154,8 @@ def test_gradients_through_the_kernel_are_the_xla_gradients():
     u = _fleet(p, 1, 50, dtype)[1][0]
 
     def loss(backend, p, s0, u):
-        final, states = qj.rollout(p, s0, u, 1e-3, backend=backend)
+        traj = qj.simulate(p, s0, 1e-3, commands=u, config=qj.SimConfig(backend=backend))
+        final, states = traj.final, traj.states
         return jnp.sum(final.position ** 2) + jnp.sum(states.body_rates[::7] ** 2)
 
     g_native = jax.jit(jax.grad(lambda *a: loss("native", *a), argnums=(0, 1, 2)))(p, s0, u)
@@ -155,20 +172,21 @@ def test_backend_choice_is_checked():
     s0 = busy_state(p)
     u = jnp.tile(qj.hover_rotor_speed(p), (5, 1))
     with pytest.raises(ValueError, match="backend='native'.*RK4"):
-        qj.rollout(p, s0, u, 1e-3, step="euler", backend="native")
+        qj.simulate(p, s0, 1e-3, commands=u, config=qj.SimConfig(integrator="euler", backend="native"))
     with pytest.raises(ValueError, match="backend='gpu'"):
-        qj.rollout(p, s0, u, 1e-3, backend="gpu")
+        qj.simulate(p, s0, 1e-3, commands=u, config=qj.SimConfig(backend="gpu"))
 
 
 def test_disabled_kernel_falls_back_to_xla():
     code = (
-        "import jax.numpy as jnp, quadjax as qj\n"
+        "import jax.numpy as jnp, quadjax as qj, quadjax.native\n"
         "p = qj.presets.rp1(jnp.float32); s = qj.hover_state(p, (0.0, 0.0, 1.0))\n"
-        "assert not qj.native.available() and 'QUADJAX_NATIVE=0' in qj.native.unavailable_reason()\n"
-        "f, _ = qj.rollout(p, s, jnp.tile(qj.hover_rotor_speed(p), (10, 1)), 1e-3)\n"
-        "assert abs(float(f.position[2]) - 1.0) < 1e-4\n"
+        "assert not quadjax.native.available() and 'QUADJAX_NATIVE=0' in quadjax.native.unavailable_reason()\n"
+        "u = jnp.tile(qj.hover_rotor_speed(p), (10, 1))\n"
+        "traj = qj.simulate(p, s, 1e-3, commands=u)\n"
+        "assert traj.backend == 'xla' and abs(float(traj.final.position[2]) - 1.0) < 1e-4\n"
         "try:\n"
-        "    qj.rollout(p, s, jnp.tile(qj.hover_rotor_speed(p), (10, 1)), 1e-3, backend='native')\n"
+        "    qj.simulate(p, s, 1e-3, commands=u, config=qj.SimConfig(backend='native'))\n"
         "except ValueError as e:\n"
         "    print('FALLBACK-OK', e)\n"
     )
@@ -178,7 +196,7 @@ def test_disabled_kernel_falls_back_to_xla():
 
 
 def test_closed_loop_ticks_in_the_kernel_match_xla_and_differentiate_like_it():
-    """rollout_closed_loop runs each tick's physics in the kernel: same trajectory as XLA to
+    """A closed loop runs each tick's physics in the kernel: same trajectory as XLA to
     rounding (wind and wrench per tick, substeps, a reduction), gradients through the XLA path."""
     dtype = jnp.float64
     p = busy_params(dtype)
@@ -193,19 +211,21 @@ def test_closed_loop_ticks_in_the_kernel_match_xla_and_differentiate_like_it():
         err = 5.0 - obs.position[2]
         return hover * (1.0 + gain * err + 0.1 * integral), integral + 0.01 * err
 
-    def run(backend, gain, **kw):
-        return qj.rollout_closed_loop(p, s0, law, gain, jnp.zeros((), dtype), T, 0.01, substeps=2, wind=wind,
-                                      wrench=wrench, backend=backend, **kw)
+    def run(backend, gain, hooks=()):
+        return qj.simulate(p, s0, 0.01, controller=law, ctrl_params=gain, ctrl_state=jnp.zeros((), dtype),
+                           num_ticks=T, inputs=qj.Inputs(wind=wind, wrench=wrench), hooks=hooks,
+                           config=qj.SimConfig(substeps=2, backend=backend))
 
     gain = jnp.asarray(0.3, dtype)
     native, xla = (jax.jit(lambda g, b=b: run(b, g)) for b in ("native", "xla"))
     leaves_close(native(gain), xla(gain), **TOL[dtype])
-    peak = jax.jit(lambda g: run("native", g, reduce=lambda c, s: jnp.maximum(c, s.position[2]),
-                                 reduce_init=jnp.asarray(-jnp.inf, dtype))[2])(gain)
-    assert float(peak) == pytest.approx(float(jnp.max(xla(gain)[2].position[:, 2])), rel=1e-12)
+    peak = jax.jit(lambda g: run("native", g, hooks=(qj.Reduce(lambda c, s: jnp.maximum(c, s.position[2]),
+                                                                 jnp.asarray(-jnp.inf, dtype)),)).hooks[0])(gain)
+    assert float(peak) == pytest.approx(float(jnp.max(xla(gain).states.position[:, 2])), rel=1e-12)
 
     def loss(backend, g):
-        final, integral, states, _ = run(backend, g)
+        traj = run(backend, g)
+        integral, states = traj.ctrl_state, traj.states
         return jnp.sum(states.position[:, 2] ** 2) + integral
 
     g_native, g_xla = (jax.jit(jax.grad(lambda g, b=b: loss(b, g)))(gain) for b in ("native", "xla"))
@@ -225,7 +245,7 @@ def _random_fleet_run():
     if not _RANDOM_FLEET:
         def both(ps, s, u, dt):
             axes = vehicle_axes(ps, *_SCALE, "omega_min")
-            run = lambda b: rollout_batch(ps, s, u, dt, params_axes=axes, save_every=4, substeps=2, backend=b)
+            run = lambda b: _batch(ps, s, u, dt, params_axes=axes, save_every=4, substeps=2, backend=b)
             return run("native"), run("xla")
 
         _RANDOM_FLEET["f"] = jax.jit(both)

@@ -13,6 +13,7 @@ import pytest
 import quadjax as qj
 from quadjax import frames
 from quadjax.quaternion import quat_multiply
+from tests.helpers import BACKENDS, simulate_open_loop
 
 c4d = pytest.importorskip("c4dynamics")
 from c4dynamics.eqm.quadcopter import quadeqm, quadforces  # noqa: E402
@@ -125,7 +126,8 @@ def test_euler_ned(cases, model):
         _assert_rel(ours, ref)
 
 
-def test_seed_004_worked_example():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seed_004_worked_example(backend):
     """c4dynamics' doc example: CCW pair +10 %, CW pair −10 %, 2 s with dt = 0.01."""
     p = qj.presets.c4dynamics_reference(dtype=jnp.float64)
     w = qj.hover_rotor_speed(p) * jnp.array([1.1, 1.1, 0.9, 0.9])
@@ -135,7 +137,7 @@ def test_seed_004_worked_example():
     F_b, M_b = body_wrench(p, s0.attitude, s0.velocity, s0.body_rates, w, s0.energy)
     np.testing.assert_allclose(F_b, [0.0, 0.0, 4.637], atol=5e-4)
     np.testing.assert_allclose(M_b, [0.0, 0.0, -0.0351], atol=5e-5)
-    final, _ = jax.jit(qj.rollout)(p, s0, jnp.tile(w, (200, 1)), 0.01)
+    final = simulate_open_loop(backend, save_every=0)(p, s0, jnp.tile(w, (200, 1)), 0.01).final
     psi = np.degrees(float(frames.quat_to_euler321(final.attitude)[2]))
     assert psi == pytest.approx(-19.65, abs=0.05)
     assert float(final.position[2]) > 0  # thrust slightly above the weight: it climbs

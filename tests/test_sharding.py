@@ -14,8 +14,7 @@ CODE = r"""
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
 import quadjax as qj
-from quadjax.rollout import rollout_batch, rollout_closed_loop_batch, vehicle_axes
-from quadjax.sharding import rollout_closed_loop_sharded, rollout_sharded, shard_vehicles, vehicle_mesh
+from quadjax.sharding import shard_vehicles, vehicle_mesh
 
 assert len(jax.devices()) == 4, jax.devices()
 mesh = vehicle_mesh()
@@ -34,22 +33,29 @@ def fleet(dtype, N, T=16):
     rng = np.random.default_rng(N)
     u = qj.hover_rotor_speed(p) * jnp.asarray(1 + 0.05 * rng.standard_normal((N, T, 4)), dtype)
     ps = p.replace(mass=p.mass * jnp.asarray(np.linspace(0.9, 1.1, N), dtype))
-    return p, s0, u, ps, dict(params_axes=vehicle_axes(ps, "mass"), state_axes=None)
+    return p, s0, u, ps, (qj.vehicle_axes(ps, "mass"), 0)
 
-# float32, N = 10: padded to 12 across the 4 devices, every state saved
-p, s0, u, ps, kw = fleet(jnp.float32, 10)
-a = jax.jit(lambda ps, u: rollout_batch(ps, s0, u, 1e-3, **kw))(ps, u)
-b = jax.jit(lambda ps, u: rollout_sharded(ps, s0, u, 1e-3, mesh=mesh, **kw))(ps, u)
-bitwise(a, b)
-assert b[1].position.shape == (10, 16, 3)
+def open_loop(s0, config=qj.SimConfig(), hooks=()):
+    return lambda q, u: qj.simulate(q, s0, 1e-3, commands=u, hooks=hooks, config=config)
+
+# float32, N = 10: padded to 12 across the 4 devices, every state saved; both backends
+p, s0, u, ps, axes = fleet(jnp.float32, 10)
+for backend in ("auto", "xla"):
+    fly = open_loop(s0, qj.SimConfig(backend=backend))
+    a = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes))(ps, u)
+    b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
+    bitwise(a, b)
+    assert b.states.position.shape == (10, 16, 3) and b.status.shape == (10,)
 
 # float64, N = 12, 3 per device, a reduction carried in the scan: the result stays spread over the devices
-p, s0, u, ps, kw = fleet(jnp.float64, 12)
-red = dict(reduce=lambda c, s: jnp.maximum(c, s.position[2]), reduce_init=jnp.asarray(-jnp.inf))
-a = jax.jit(lambda ps, u: rollout_batch(ps, s0, u, 1e-3, **kw, **red))(ps, u)
-b = jax.jit(lambda ps, u: rollout_sharded(ps, s0, u, 1e-3, mesh=mesh, **kw, **red))(ps, u)
+p, s0, u, ps, axes = fleet(jnp.float64, 12)
+fly = open_loop(s0, qj.SimConfig(save_every=0),
+                (qj.Reduce(lambda c, s: jnp.maximum(c, s.position[2]), jnp.asarray(-jnp.inf)),))
+a = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes))(ps, u)
+b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
 bitwise(a, b)
-assert b[1].shape == (12,) and len(b[1].sharding.device_set) == 4
+assert b.states is None and b.hooks[0].shape == (12,) and len(b.hooks[0].sharding.device_set) == 4
+assert np.all(np.asarray(b.hooks[0]) > 0.9)
 
 # closed loop, one gain per vehicle; the sharded run takes its gains already placed on the mesh
 p = qj.presets.rp1(jnp.float32)
@@ -58,16 +64,25 @@ hover = qj.hover_rotor_speed(p)
 def law(gain, cs, obs, t):
     return hover * (1.0 + gain * (1.2 - obs.position[2])), cs
 gains = jnp.asarray(np.linspace(0.05, 0.4, 8), jnp.float32)
-ckw = dict(state_axes=None, ctrl_params_axes=0, ctrl_state_axes=None)
-a = jax.jit(lambda g: rollout_closed_loop_batch(p, s0, law, g, None, 12, 0.01, **ckw))(gains)
-b = jax.jit(lambda g: rollout_closed_loop_sharded(p, s0, law, g, None, 12, 0.01, mesh=mesh, **ckw))(
-    shard_vehicles(gains, mesh))
+def closed(g):
+    return qj.simulate(p, s0, 0.01, controller=law, ctrl_params=g, num_ticks=12)
+a = jax.jit(lambda g: qj.map_vehicles(closed, (g,), (0,)))(gains)
+b = jax.jit(lambda g: qj.map_vehicles(closed, (g,), (0,), mesh=mesh))(shard_vehicles(gains, mesh))
 bitwise(a, b)
+
+# a checked run: the monitor's report and the stopped vehicle are the same sharded
+p, s0, u, ps, axes = fleet(jnp.float64, 8)
+u = u.at[5, 3, 1].set(jnp.nan)
+fly = open_loop(s0, qj.SimConfig(check="monitor"))
+a = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes))(ps, u)
+b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
+bitwise(a, b)
+assert list(np.flatnonzero(np.asarray(b.status))) == [5] and int(b.status_tick[5]) == 3
 print("OK")
 """
 
 
-def test_sharded_rollouts_equal_unsharded_bit_for_bit_on_four_devices():
+def test_sharded_runs_equal_unsharded_bit_for_bit_on_four_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=REPO)
     out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-3000:] + out.stderr[-3000:]

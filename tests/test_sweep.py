@@ -5,6 +5,7 @@ The sweeps here share one compilation (blocks of 16 vehicles): sweeps that diffe
 numbers (seed, distribution bounds, vehicle count, chunk size) reuse it.
 """
 
+import functools
 import json
 import math
 import os
@@ -381,3 +382,52 @@ def test_results_folder_of_another_sweep_is_not_overwritten(tmp_path):
         SweepStore.open(tmp_path, config={}, config_hash="bbb", vehicles=10, chunk_size=5)
     store = SweepStore.open(tmp_path, config={}, config_hash="bbb", vehicles=10, chunk_size=5, overwrite=True)
     assert store.manifest["config_hash"] == "bbb" and store.completed() == []
+
+
+def test_sweep_equals_the_engine_closed_loop():
+    """The sweep flies each vehicle through qj.simulate. (1) Its chunks, blocks, devices, store
+    and aggregation change nothing: calling the engine on the sweep's own vehicle definition
+    (``fly_vehicle``: the flight stack as controller, the crash rules as hook) gives every
+    per-vehicle figure to the last bit. (2) A user who draws the same vehicle with the public
+    randomisation functions and flies the PID through the engine gets the same flight to
+    rounding: XLA compiles that other program's controller with other fusions (FMA
+    contraction differs in the last bit), so there it is ≤ 1e-6 relative, not bitwise."""
+    from quadjax import control as C
+
+    conf = small(vehicles=16, chunk_size=16, block_size=16, keep_trajectories=0,
+                 gusts={"enabled": False}, sensor_noise={"enabled": False})
+    swept = sweep.run_sweep(conf)
+    static, values = sweep.runner.prepare(conf)
+    index = jnp.arange(16, dtype=jnp.int32)
+    # values traced, as the sweep passes them (closed over, XLA would fold them as constants)
+    out, counts, _ = jax.jit(lambda v, i: qj.map_vehicles(
+        lambda j: sweep.runner.fly_vehicle(static, v, j), (i,), (0,)))(values, index)
+    for k, x in out.items():
+        np.testing.assert_array_equal(np.asarray(x), swept.vehicles[k], err_msg=k)
+    np.testing.assert_array_equal(np.asarray(counts).sum(0), swept.counts)
+
+    nominal = qj.presets.get(conf.preset, dtype=F32)
+    reference = sweep.runner.make_reference(conf.trajectory, conf.duration, F32)
+    ctrl = C.PIDController.create(nominal, reference)
+    rates = C.CascadeRates(dt=conf.control_dt, position_every=conf.position_every, attitude_every=conf.attitude_every)
+    spec, rand = conf.random.skeleton(), conf.random.values(F32)
+    spread = R.InitialSpread.create(**conf.initial, dtype=F32)
+    dt = jnp.asarray(conf.control_dt, F32)
+
+    def fly(i):
+        key = jax.random.fold_in(jax.random.PRNGKey(conf.seed), i)
+        params, ok = R.sample_valid_params(nominal, spec, rand, jax.random.fold_in(key, 0))
+        params = nominal.replace(**{f: getattr(params, f) for f in spec.varied_fields})
+        z = R.standard_normal(R.raw_draws(jax.random.fold_in(key, 1), 15, F32))
+        s0 = R.initial_state(params, reference, spread, z[:12].reshape(4, 3))
+        run = qj.simulate(params, s0, dt, controller=functools.partial(C.pid_control, rates=rates), ctrl_params=ctrl,
+                          ctrl_state=C.pid_init(ctrl, s0), num_ticks=conf.num_ticks,
+                          config=qj.SimConfig(integrator=conf.stepper, substeps=conf.substeps, save_every=0))
+        end = reference(jnp.asarray(conf.num_ticks, F32) * dt).position
+        d = run.final.position - end
+        return run.final.energy - s0.energy, jnp.sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), run.status
+
+    energy, final_error, status = jax.jit(lambda i: qj.map_vehicles(fly, (i,), (0,)))(index)
+    assert swept.summary["crashed"] == 0 and np.all(np.asarray(status) == 0)
+    np.testing.assert_allclose(np.asarray(energy), swept.vehicles["energy"], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(final_error), swept.vehicles["final_error"], rtol=1e-4, atol=1e-6)

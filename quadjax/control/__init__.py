@@ -2,7 +2,7 @@
 
 Each controller is a pair (init, control) with ``control(ctrl_params, ctrl_state,
 observation, t) → (rotor command, ctrl_state)``, the signature of
-``quadjax.rollout_closed_loop``; gains are float leaves (vmap over gain sets, grad).
+``quadjax.simulate(..., controller=...)``; gains are float leaves (vmap over gain sets, grad).
 """
 
 from quadjax.control._common import ControllerModel

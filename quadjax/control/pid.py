@@ -5,7 +5,7 @@ outputs are held between their updates. Anti-windup follows seed 002: the mixer'
 saturation report of tick k (roll, pitch, yaw, collective ∈ {−1, 0, +1}) reaches the
 integrators at tick k + 1, which then stop integrating in the cut direction.
 
-Use it as a ``rollout_closed_loop`` controller: ``functools.partial(pid_control,
+Use it as a :func:`quadjax.simulate` controller: ``functools.partial(pid_control,
 rates=CascadeRates(...))`` has the signature (ctrl_params, ctrl_state, observation, t).
 """
 

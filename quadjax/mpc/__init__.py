@@ -1,11 +1,12 @@
 """Model-predictive control on the simulator's own dynamics: MPPI, gradient shooting, iLQR.
 
 Pick a solver config (static structure), build :class:`MPCParams` (prediction model, cost,
-solver numbers), and fly it with :func:`quadjax.rollout_closed_loop`::
+solver numbers), and fly it with :func:`quadjax.simulate`::
 
     mpc = MPPI(horizon=10, dt=0.1, samples=256, control_dt=0.02)
     params = MPCParams(model=model, cost=Cost(stage=(Tracking(...), Effort(...))), solver=MPPIParams.default())
-    _, _, states, commands = rollout_closed_loop(plant, s0, mpc.control, params, mpc.init(params, s0), T, 0.02)
+    run = simulate(plant, s0, 0.02, controller=mpc.control, ctrl_params=params, ctrl_state=mpc.init(params, s0),
+                   num_ticks=T)
 
 The prediction model may differ from the plant. Everything is pure: jit the outermost
 call, vmap over vehicles (plant, state, MPCParams and MPCState all batch).

@@ -15,7 +15,7 @@ cost weights and reference, solver settings). Each config offers:
     solve(params, mpc_state, observation, t) → MPCState     optimised plan (warm start = mpc_state.plan)
     control(params, mpc_state, observation, t) → (command (R,), MPCState)
 
-``control`` has the signature of a :func:`quadjax.rollout_closed_loop` controller with
+``control`` has the signature of a :func:`quadjax.simulate` controller with
 ``ctrl_params = MPCParams`` and ``ctrl_state = MPCState``: it solves, applies the first
 node and shifts the plan one controller tick for the next warm start.
 """
@@ -34,7 +34,7 @@ from quadjax.integrators import rk4_step
 from quadjax.model import hover_rotor_speed
 from quadjax.mpc.costs import stage_cost, terminal_cost
 from quadjax.params import QuadParams
-from quadjax.rollout import rollout
+from quadjax.engine import SimConfig, simulate
 from quadjax.state import QuadState
 
 #: MPCState.status bits
@@ -143,9 +143,9 @@ class PlanConfig:
 
     def predict(self, params: MPCParams, observation: QuadState, plan):
         """The model's states after each node (H, ...) under ``plan`` (H, R) [rad/s]
-        (:func:`quadjax.rollout` with the config's dt, substeps and stepper)."""
-        _, states = rollout(params.model, observation, plan, self.dt, substeps=self.substeps, step=self.step)
-        return states
+        (:func:`quadjax.simulate` with the config's dt, substeps and stepper)."""
+        config = SimConfig(integrator=self.step, substeps=self.substeps, save=("state",))
+        return simulate(params.model, observation, self.dt, commands=plan, config=config).states
 
     def plan_cost(self, params: MPCParams, observation: QuadState, plan, t):
         """J of ``plan`` (H, R) [rad/s] from ``observation`` at time ``t`` [s] (see :class:`Cost`)."""

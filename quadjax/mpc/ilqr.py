@@ -36,7 +36,7 @@ from jax.flatten_util import ravel_pytree
 from quadjax._pytree import pytree_dataclass
 from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, _positive_int, accept, from_unit, to_unit
 from quadjax.mpc.costs import stage_cost, terminal_cost
-from quadjax.rollout import rollout
+from quadjax.engine import SimConfig, simulate
 from quadjax.state import QuadState
 
 
@@ -186,8 +186,8 @@ class ILQR(PlanConfig):
         times = self.node_times(t, x0.dtype)
 
         def dynamics(x, a, k):
-            final, _ = rollout(model, unravel(x), from_unit(model, a)[None], self.dt,
-                               substeps=self.substeps, step=self.step)
+            config = SimConfig(integrator=self.step, substeps=self.substeps, save_every=0)
+            final = simulate(model, unravel(x), self.dt, commands=from_unit(model, a)[None], config=config).final
             return ravel_pytree(final)[0]
 
         def stage(x, a, k):

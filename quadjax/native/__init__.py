@@ -1,6 +1,6 @@
 """Native CPU kernel for the open-loop RK4 rollout, behind ``jax.ffi``.
 
-:func:`quadjax.rollout` uses it on the CPU backend (``backend="auto"``) for the
+The engine (:func:`quadjax.simulate`) uses it on the CPU backend (``backend="auto"``) for the
 library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce``;
 everything else, every other backend and every derivative (``jax.grad``, ``jvp``)
 take the XLA path, whose numbers it matches to rounding (tests/test_native.py).
@@ -172,9 +172,9 @@ def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int
     """One vehicle's RK4 rollout in the kernel on a packed state ``x0`` (:func:`pack_state`);
     batch with ``jax.vmap``.
 
-    Inputs already checked and cast to one dtype by :func:`quadjax.rollout`. Returns the packed
+    Inputs already checked and cast to one dtype by the engine. Returns the packed
     ``(final, saved)`` (``saved`` None for ``save_every=0``). Not differentiable by itself:
-    :func:`quadjax.rollout` supplies the derivative.
+    the engine supplies the derivative.
     """
     if _load() is not None:
         raise RuntimeError(f"quadjax native kernel unavailable: {_load()}")

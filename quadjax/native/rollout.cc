@@ -101,6 +101,9 @@ struct Kernel {
   F ext[6][kLanes];   // external body wrench
   F h[kLanes];        // step length dt / substeps
   F inv_tau[kLanes];  // 1 / τ (1 without lag): constant over the call
+  // e^(−h/2τ), e^(−h/τ): the first-order lag solved exactly over half and a whole step with the
+  // command held (quadjax.quadrotor.lagged_rotor_speeds_c); RK4 on the lag is unstable past h = 2.79 τ
+  F decay_half[kLanes], decay_one[kLanes];
   F k[S][kLanes];     // RK stage derivative
   F staged[kChunk][R][kLanes];  // the next commands, lane-major
   bool params_ready = false;    // p and h hold a shared parameter row
@@ -177,16 +180,16 @@ struct Kernel {
   // One RK4 step of h (per lane) for every lane: x ← rk4(x), then the projection and
   // ground contact of quadjax.integrators._finish_c. Sums in the order rk4_step_c uses.
   void rk4() {
-    stage(x, F(0.5), F(1.0 / 6), true);
-    stage(t, F(0.5), F(1.0 / 3), false);
-    stage(t, F(1), F(1.0 / 3), false);
-    stage(t, F(0), F(1.0 / 6), false);
+    stage(x, F(0.5), F(1.0 / 6), true, decay_half);
+    stage(t, F(0.5), F(1.0 / 3), false, decay_half);
+    stage(t, F(1), F(1.0 / 3), false, decay_one);
+    stage(t, F(0), F(1.0 / 6), false, nullptr);
 #pragma omp simd
     for (int j = 0; j < kLanes; ++j) finish(j);
   }
 
-  // k = f(arg); acc (+)= b h k; t = x + a h k.
-  inline void stage(const F (*arg)[kLanes], F a_next, F b, bool first) {
+  // k = f(arg); acc (+)= b h k; t = x + a h k, rotors at their exact lagged speed at a h.
+  inline void stage(const F (*arg)[kLanes], F a_next, F b, bool first, const F* decay) {
 #pragma omp simd
     for (int j = 0; j < kLanes; ++j) derivative(arg, j);
     for (int i = 0; i < S; ++i) {
@@ -194,6 +197,14 @@ struct Kernel {
       for (int j = 0; j < kLanes; ++j) {
         acc[i][j] = (first ? x[i][j] : acc[i][j]) + (h[j] * b) * k[i][j];
         t[i][j] = x[i][j] + (h[j] * a_next) * k[i][j];
+      }
+    }
+    if (decay == nullptr) return;
+    for (int r = 0; r < R; ++r) {
+#pragma omp simd
+      for (int j = 0; j < kLanes; ++j) {
+        const F c = u[r][j];
+        t[kRot + r][j] = p[kTau][j] > F(0) ? c + (x[kRot + r][j] - c) * decay[j] : t[kRot + r][j];
       }
     }
   }
@@ -209,7 +220,7 @@ struct Kernel {
     F wsq = 0;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      F w = lag ? acc[kRot + r][j] : u[r][j];
+      F w = lag ? u[r][j] + (x[kRot + r][j] - u[r][j]) * decay_one[j] : u[r][j];
       w = w < F(0) ? F(0) : (w > wmax ? wmax : w);
       rot[r] = w;
       wsq += w * w;
@@ -269,6 +280,9 @@ void RunBlock(Kernel<F, R, kLanes>& K, const Inputs& in, int64_t v0, int count, 
     for (int i = 0; i < 6; ++i) K.ext[i][j] = 0;
     K.h[j] = K.p[NP - 1][j] / static_cast<F>(in.substeps);
     K.inv_tau[j] = F(1) / (K.p[kTau][j] > F(0) ? K.p[kTau][j] : F(1));
+    const F tau = K.p[kTau][j] > F(0) ? K.p[kTau][j] : F(1);
+    K.decay_half[j] = K.p[kTau][j] > F(0) ? std::exp(-(K.h[j] * F(0.5)) / tau) : F(0);
+    K.decay_one[j] = K.p[kTau][j] > F(0) ? std::exp(-(K.h[j] * F(1)) / tau) : F(0);
   }
   K.params_ready = bp.shared;
   const int64_t T = in.T;

@@ -1,43 +1,40 @@
 """The sweep runner: randomised vehicles fly a mission in closed loop, chunk by chunk.
 
-The compiled unit is a *block* of ``block_size`` vehicles per device: a ``lax.scan`` over
-controller ticks whose body is ``vmap``-ed over the block's vehicles. Each tick a
-vehicle's controller sees its (possibly noisy) state, its command is held over
-``substeps`` physics steps of the plant with the gust added to its wind, and the state
-after the tick is judged:
+Every vehicle flies through the engine (:func:`quadjax.simulate`), the same call a user
+makes: its controller is the flight stack (:func:`_flight_stack`: the sensors, then the
+control law), its wind input is the gust (an OU process that does not depend on the flight,
+drawn before the flight), and :class:`CrashRules` is the engine hook that judges each tick:
 
-* crash checks, first hit wins (codes in :data:`quadjax.sweep.stats.CRASH_IDS`): a state
-  invariant (:func:`quadjax.state_violation`), ground contact while the reference is more
-  than ``ground_clearance`` above the ground, tilt beyond ``max_tilt_deg``, tracking error
-  beyond ``max_error`` (or not finite). Parameters that break I1 are a crash at t = 0.
-  A crashed vehicle is frozen at its last good state, so a diverging vehicle is reported
-  as a crash and never spreads a NaN into the statistics or the batch;
+* crash checks, first hit wins (codes in :mod:`quadjax.status`): a state invariant
+  (:func:`quadjax.state_violation`), ground contact while the reference is more than
+  ``ground_clearance`` above the ground, tilt beyond ``max_tilt_deg``, tracking error beyond
+  ``max_error`` (or not finite). Parameters that break I1 stop the vehicle at t = 0. The
+  engine freezes a crashed vehicle at its last good state, so a diverging vehicle is
+  reported as a crash and never spreads a NaN into the statistics or the batch;
 * streaming statistics per vehicle, over the ticks it is still flying: sum of squared
   tracking error, max error, min cos(tilt), ticks saturated; energy is the state's own;
-* the fleet-wide tracking-error histogram (:class:`~quadjax.sweep.stats.ErrorHistogram`),
-  integer counts carried in the scan;
+* the fleet-wide tracking-error histogram (:class:`~quadjax.sweep.stats.ErrorHistogram`):
+  integer counts per vehicle, summed over the block (exact);
 * full trajectories only for the first ``keep_trajectories`` vehicles of the sweep.
 
-Vehicle i draws everything from ``fold_in(key(seed), i)`` and the per-tick noise from
-``fold_in(·, tick)``; every operation on a vehicle is element-wise across the batch and the
-only cross-vehicle sum is over integers. XLA's CPU code for an element-wise program is not
-bit-identical across batch shapes, nor across the lanes of one batch (vector loops and
-their tails differ, e.g. in FMA contraction: measured 1-ulp differences in the energy), so
-every block is the same compiled program on the same shape, and vehicle i always sits in
-lane i mod block_size (chunks hold whole blocks). The results are then bit-for-bit
-identical for any chunk size, any resume point and (``shard_map`` gives each device the
-same per-block program) any number of devices, for a given ``block_size`` (which is
-therefore part of the sweep's identity).
+The compiled unit is a *block* of ``block_size`` vehicles per device, ``vmap``-ed over the
+block (:func:`quadjax.map_vehicles`). Vehicle i draws everything from
+``fold_in(key(seed), i)`` and the per-tick noise from ``fold_in(·, tick)``. XLA's CPU code
+for an element-wise program is not bit-identical across batch shapes, nor across the lanes
+of one batch (vector loops and their tails differ, e.g. in FMA contraction: measured 1-ulp
+differences in the energy), so every block is the same compiled program on the same shape,
+and vehicle i always sits in lane i mod block_size (chunks hold whole blocks). The results
+are then bit-for-bit identical for any chunk size, any resume point and (``shard_map`` gives
+each device the same per-block program) any number of devices, for a given ``block_size``
+(which is therefore part of the sweep's identity).
 
 Each call runs one block on every local device (``jax.shard_map`` over a 1-D mesh);
 a chunk of ``chunk_size`` vehicles is as many calls as it needs and goes to disk as one
 file when it finishes (:mod:`quadjax.sweep.store`); a rerun resumes.
 
 On the CPU the physics of each tick (RK4 with the command held) runs in quadjax's native
-kernel (:mod:`quadjax.native`; 1.7× faster flight for the default sweep), whose results do
-not depend on lanes at all; the controller and everything else stay in XLA, so the lane rule
-above still matters. What could move into ``quadjax.rollout`` later: the closed-loop tick
-with a per-step wind (``_tick``'s first half) and the freeze-on-violation pattern.
+kernel (the engine's ``backend="auto"``), whose results do not depend on lanes at all; the
+controller and everything else stay in XLA, so the lane rule above still matters.
 """
 
 from __future__ import annotations
@@ -47,6 +44,7 @@ import functools
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,18 +52,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from quadjax import control as C
-from quadjax import native
 from quadjax import presets
-from quadjax._components import join_state, split, split_params, split_state
-from quadjax.integrators import STEPPERS, component_stepper
+from quadjax import status as codes
+from quadjax._pytree import pytree_dataclass
+from quadjax.engine import Hook, Inputs, SimConfig, map_vehicles, simulate
 from quadjax.invariants import state_violation
 from quadjax.mixer import mixer_params_from
-from quadjax.rollout import _native_advance, _use_native
 from quadjax.sweep import stats as S
 from quadjax.sweep.config import SweepConfig
 from quadjax.sweep.gusts import Gusts, gust_init, gust_step
 from quadjax.sweep.randomise import (
-    InitialSpread, RandomSpec, SensorNoise, initial_state, observe, raw_draws, sample_valid_params, standard_normal,
+    InitialSpread, RandomSpec, SensorNoise, initial_state, observe, raw_draws, sample_params, sample_valid_params,
+    standard_normal,
 )
 from quadjax.sweep.store import SweepStore, write_npz
 
@@ -172,134 +170,162 @@ def _saturated(params, command, ctrl_state):
     return sat if report is None else sat | jnp.any(report != 0)
 
 
-def _setup(static: Static, v: dict, index):
-    """One vehicle's constants and initial carry, from its index in the sweep."""
+def _draws(key, k, n, dtype):
+    """Tick k's standard-normal draws of one vehicle: 3 for the gust, then 12 for the sensors."""
+    return standard_normal(raw_draws(jax.random.fold_in(key, k), n, dtype))
+
+
+def _flight_stack(static: Static, cp: dict, cs, state, t):
+    """The controller the engine flies: the sensors (noise drawn per tick from the vehicle's
+    key), then the control law. Its state carries the tick count for the draws."""
+    inner, k = cs
+    dtype = state.position.dtype
+    obs = state
+    if static.noise:
+        z = _draws(cp["key"], k, 15, dtype)
+        obs = observe(state, cp["noise"], z[3:].reshape(4, 3))
+    command, inner = _law(static)[0](cp["ctrl"], inner, obs, t)
+    return command, (inner, k + 1)
+
+
+def _gust_series(static: Static, v: dict, xi0, key, dtype):
+    """The gust during each tick (T, 3) [m/s]: an OU process stepped every ``gust_every`` ticks
+    at the last of them, held in between; it does not depend on the flight, so it travels
+    into the engine as the wind input."""
+    every, n = static.gust_every, 15 if static.noise else 3
+
+    def step(g, k):
+        g1 = jax.lax.cond(
+            k % every == every - 1,  # k is the same for every vehicle: a real branch under vmap
+            lambda: gust_step(v["gusts"], g, _draws(key, k, n, dtype)[:3], every * v["dt"]),
+            lambda: g,
+        )
+        return g1, g
+
+    _, series = jax.lax.scan(step, gust_init(v["gusts"], xi0), jnp.arange(static.num_ticks, dtype=jnp.int32))
+    return series
+
+
+@pytree_dataclass
+class CrashRules(Hook):
+    """The sweep's judge, an engine hook: after each tick, the first hit of (a state invariant,
+    ground contact while the reference is more than ``clearance`` above the ground, tilt
+    beyond ``cos_max_tilt``, tracking error beyond ``max_error`` or not finite) stops the
+    vehicle with its :mod:`quadjax.status` code; while it flies, it folds the streaming
+    statistics and the fleet histogram's counts. Its per-tick output is (position, error,
+    alive) for the kept trajectories."""
+
+    reference: Any
+    dt: jax.Array
+    clearance: jax.Array
+    cos_max_tilt: jax.Array
+    max_error: jax.Array
+    histogram: S.ErrorHistogram = dataclasses.field(metadata=dict(static=True))
+    ground_crash: bool = dataclasses.field(metadata=dict(static=True))
+    keep: bool = dataclasses.field(metadata=dict(static=True))
+
+    def init(self, params, state0, dt):
+        zero = jnp.zeros((), dt.dtype)
+        return {"err_sq": zero, "err_max": zero, "cos_tilt_min": zero + 1.0, "samples": jnp.zeros((), jnp.int32),
+                "sat_ticks": jnp.zeros((), jnp.int32), "counts": jnp.zeros(self.histogram.num_bins, jnp.int32)}
+
+    def update(self, c, tick):
+        params, s1 = tick.params, tick.after
+        ref1 = self.reference((tick.k + 1).astype(self.dt.dtype) * self.dt)
+        d = [s1.position[i] - ref1.position[i] for i in range(3)]
+        error = jnp.sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2])
+        qx, qy = s1.attitude[1], s1.attitude[2]
+        cos_tilt = 1.0 - 2.0 * (qx * qx + qy * qy)
+        ground = (s1.on_ground > 0.5) & (ref1.position[2] - params.ground_z > self.clearance)
+        violation = state_violation(params, s1)
+        cause = jnp.select(
+            [violation != 0, ground & self.ground_crash, ~(cos_tilt >= self.cos_max_tilt), ~(error <= self.max_error)],
+            [violation, codes.GROUND, codes.TILT, codes.LOST], 0,
+        ).astype(jnp.int32)
+        alive = tick.flying & (cause == 0)
+        c = {
+            "err_sq": jnp.where(alive, c["err_sq"] + error * error, c["err_sq"]),
+            "err_max": jnp.where(alive, jnp.maximum(c["err_max"], error), c["err_max"]),
+            "cos_tilt_min": jnp.where(alive, jnp.minimum(c["cos_tilt_min"], cos_tilt), c["cos_tilt_min"]),
+            "samples": c["samples"] + alive.astype(jnp.int32),
+            "sat_ticks": c["sat_ticks"] + (alive & _saturated(params, tick.command, tick.ctrl_state[0])).astype(jnp.int32),
+            "counts": c["counts"].at[self.histogram.index(error)].add(alive.astype(jnp.int32)),
+        }
+        position = jnp.where(alive, s1.position, tick.before.position)
+        return c, cause, ((position, error, alive) if self.keep else None)
+
+
+def _vehicle(static: Static, v: dict, index):
+    """One vehicle of the sweep from its index: (drawn params, safe params, controller, state0, wind)."""
     key = jax.random.fold_in(v["key"], index)
     k_params, k_init, k_ticks = (jax.random.fold_in(key, j) for j in range(3))
-    params, ok = sample_valid_params(v["nominal"], static.random, v["random"], k_params)
+    nominal, varied = v["nominal"], static.random.varied_fields
+    safe, _ = sample_valid_params(nominal, static.random, v["random"], k_params)
+    drawn = sample_params(nominal, static.random, v["random"], k_params)
+    # only the varied fields are per vehicle: the shared ones stay unbatched constants (the
+    # kernel then loads them once per thread, and XLA keeps them out of the vector loops)
+    params = nominal.replace(**{f: getattr(safe, f) for f in varied})
+    drawn = nominal.replace(**{f: getattr(drawn, f) for f in varied})
     dtype = params.mass.dtype
     ctrl = _controller_for(static, v["ctrl"], params)
     z = standard_normal(raw_draws(k_init, 15, dtype))
     state = initial_state(params, ctrl.reference, v["initial"], z[:12].reshape(4, 3))
-    zero = jnp.zeros((), dtype)
-    # only the varied fields are per vehicle: the shared ones stay unbatched constants
-    vehicle = {"varied": {f: getattr(params, f) for f in static.random.varied_fields}, "k_ticks": k_ticks}
-    if static.knows_vehicle:
-        vehicle["ctrl"] = ctrl
-    carry = {
-        "state": state,
-        "cs": _law(static)[1](ctrl, state),
-        "gust": gust_init(v["gusts"], z[12:]) if static.gusts else jnp.zeros(3, dtype),
-        "alive": ok,
-        "crash_code": jnp.where(ok, 0, S.INVALID_PARAMS).astype(jnp.int32),
-        "crash_tick": jnp.where(ok, -1, 0).astype(jnp.int32),
-        "err_sq": zero, "err_max": zero, "cos_tilt_min": zero + 1.0,
-        "samples": jnp.zeros((), jnp.int32), "sat_ticks": jnp.zeros((), jnp.int32),
-    }
-    return vehicle, carry
+    wind = params.wind + _gust_series(static, v, z[12:], k_ticks, dtype) if static.gusts else None
+    cp = {"ctrl": ctrl, "noise": v["noise"], "key": k_ticks}
+    return drawn, params, cp, state, wind
 
 
-def _tick(static: Static, v: dict, vehicle: dict, c: dict, k, t, ref1):
-    """One controller tick of one vehicle → (next carry, tracking error [m] after the tick)."""
-    ctrl = vehicle["ctrl"] if static.knows_vehicle else v["ctrl"]
-    params = v["nominal"].replace(**vehicle["varied"])
+def fly_vehicle(static: Static, v: dict, index):
+    """Fly vehicle ``index`` of the sweep through the engine. Returns (its outputs, the engine's
+    Trajectory). Invalid parameter draws (I1) go to the engine as drawn, which stops them at
+    t = 0 (status 6); everything else about them is computed from the nominal vehicle."""
+    drawn, params, cp, state0, wind = _vehicle(static, v, index)
+    rules = CrashRules(reference=v["ctrl"].reference, dt=v["dt"], clearance=v["clearance"],
+                       cos_max_tilt=v["cos_max_tilt"], max_error=v["max_error"], histogram=static.histogram,
+                       ground_crash=static.ground_crash, keep=static.keep > 0)
+    config = SimConfig(integrator=static.stepper, substeps=static.substeps, save_every=1 if static.keep else 0,
+                       save=())
+    run = simulate(
+        drawn, state0, v["dt"], controller=functools.partial(_flight_stack, static), ctrl_params=cp,
+        ctrl_state=(_law(static)[1](cp["ctrl"], state0), jnp.zeros((), jnp.int32)),
+        num_ticks=static.num_ticks, inputs=Inputs(wind=wind), hooks=(rules,), config=config,
+    )
     dtype = params.mass.dtype
-
-    def draws(n):  # this tick's draws: 3 for the gust, then 12 for the sensors
-        return standard_normal(raw_draws(jax.random.fold_in(vehicle["k_ticks"], k), n, dtype))
-
-    z = draws(15) if static.noise else None
-    obs = observe(c["state"], v["noise"], z[3:].reshape(4, 3)) if static.noise else c["state"]
-    command, cs1 = _law(static)[0](ctrl, c["cs"], obs, t)
-    plant = params.replace(wind=params.wind + c["gust"]) if static.gusts else params
-    if _use_native("auto", static.stepper, params.rotor_spins.shape[-1], dtype):  # the CPU kernel: same model
-        x1 = _native_advance(plant, v["dt"], static.substeps)(native.pack_state(c["state"]), command, None, None)
-        s1 = native.unpack_state(x1, params.rotor_spins.shape[-1])
-    else:  # physics in component form (quadjax._components): split once per tick, not per step
-        plant = split_params(plant)
-        step, h, u = component_stepper(STEPPERS[static.stepper]), v["dt"] / static.substeps, split(command)
-        s1 = jax.lax.fori_loop(0, static.substeps, lambda _, s: step(plant, s, u, h), split_state(c["state"]),
-                               unroll=False)
-        s1 = join_state(s1)
-    gust1 = c["gust"]
-    if static.gusts:  # stepped over `gust_every` ticks at the last of them, held in between
-        every = static.gust_every
-        gust1 = jax.lax.cond(
-            k % every == every - 1,  # k is the same for every vehicle: a real branch under vmap
-            lambda: gust_step(v["gusts"], c["gust"], draws(3) if z is None else z[:3], every * v["dt"]),
-            lambda: c["gust"],
-        )
-
-    d = [s1.position[i] - ref1.position[i] for i in range(3)]
-    error = jnp.sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2])
-    qx, qy = s1.attitude[1], s1.attitude[2]
-    cos_tilt = 1.0 - 2.0 * (qx * qx + qy * qy)
-    ground = (s1.on_ground > 0.5) & (ref1.position[2] - params.ground_z > v["clearance"])
-    violation = state_violation(params, s1)
-    cause = jnp.select(
-        [violation != 0, ground & static.ground_crash, ~(cos_tilt >= v["cos_max_tilt"]), ~(error <= v["max_error"])],
-        [violation, S.GROUND, S.TILT, S.LOST], 0,
-    ).astype(jnp.int32)
-    alive = c["alive"] & (cause == 0)
-    crashed_now = c["alive"] & (cause != 0)
-
-    def kept(new, old):
-        return jax.tree_util.tree_map(lambda x, y: jnp.where(alive, x, y), new, old)
-
-    return {
-        "state": kept(s1, c["state"]),
-        "cs": kept(cs1, c["cs"]),
-        "gust": gust1,
-        "alive": alive,
-        "crash_code": jnp.where(crashed_now, cause, c["crash_code"]),
-        "crash_tick": jnp.where(crashed_now, k + 1, c["crash_tick"]),
-        "err_sq": jnp.where(alive, c["err_sq"] + error * error, c["err_sq"]),
-        "err_max": jnp.where(alive, jnp.maximum(c["err_max"], error), c["err_max"]),
-        "cos_tilt_min": jnp.where(alive, jnp.minimum(c["cos_tilt_min"], cos_tilt), c["cos_tilt_min"]),
-        "samples": c["samples"] + alive.astype(jnp.int32),
-        "sat_ticks": c["sat_ticks"] + (alive & _saturated(params, command, cs1)).astype(jnp.int32),
-    }, error
+    stats, s = run.hooks[0], run.final
+    end = v["ctrl"].reference(jnp.asarray(static.num_ticks, dtype) * v["dt"]).position
+    d = s.position - end
+    status = run.status
+    out = {
+        "crash_code": status,
+        # ticks flown before the crash (the crash is seen at the end of its tick); 0 for params
+        "crash_tick": jnp.where(status == codes.PARAMS_INVALID, 0,
+                                jnp.where(run.status_tick >= 0, run.status_tick + 1, -1)).astype(jnp.int32),
+        "rms_error": jnp.sqrt(stats["err_sq"] / jnp.maximum(stats["samples"], 1).astype(dtype)),
+        "max_error": stats["err_max"],
+        "max_tilt": jnp.arccos(jnp.clip(stats["cos_tilt_min"], -1.0, 1.0)),
+        "energy": s.energy - state0.energy,
+        "saturation_time": stats["sat_ticks"].astype(dtype) * v["dt"],
+        "final_error": jnp.sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]),
+        "samples": stats["samples"],
+        "params_ok": status != codes.PARAMS_INVALID,
+    }
+    for name in static.random.varied_fields:
+        out["param_" + name] = getattr(params, name)
+    return out, stats["counts"], run.outputs[0]
 
 
 def run_chunk(static: Static, v: dict, index, valid):
     """Fly the vehicles ``index`` (B,) int32 (``valid`` (B,) bool marks padding) for the whole
     mission. Returns (per-vehicle outputs, histogram counts, kept trajectories (T, K, …))."""
-    dtype = v["nominal"].mass.dtype
-    reference = v["ctrl"].reference
-    vehicle, carry0 = jax.vmap(functools.partial(_setup, static, v))(index)
-    tick = jax.vmap(functools.partial(_tick, static, v), in_axes=(0, 0, None, None, None))
-    hist = static.histogram
+    out, counts, kept = map_vehicles(functools.partial(fly_vehicle, static, v), (index,), (0,))
+    counts = jnp.sum(jnp.where(valid[:, None], counts, 0), axis=0, dtype=jnp.int32)
     K = min(static.keep, index.shape[0])
-
-    def body(carry, k):
-        c, counts = carry
-        t = k.astype(dtype) * v["dt"]
-        ref1 = reference((k + 1).astype(dtype) * v["dt"])
-        c, error = tick(vehicle, c, k, t, ref1)
-        counted = c["alive"] & valid
-        bins = jnp.where(counted, hist.index(error), hist.num_bins)
-        counts = counts + jnp.bincount(bins, length=hist.num_bins + 1)[:-1].astype(jnp.int32)
-        return (c, counts), (c["state"].position[:K], error[:K], c["alive"][:K])
-
-    ticks = jnp.arange(static.num_ticks, dtype=jnp.int32)
-    (c, counts), kept = jax.lax.scan(body, (carry0, jnp.zeros(hist.num_bins, jnp.int32)), ticks)
-    s = c["state"]
-    end = reference(jnp.asarray(static.num_ticks, dtype) * v["dt"]).position
-    d = s.position - end
-    out = {
-        "crash_code": c["crash_code"],
-        "crash_tick": c["crash_tick"],
-        "rms_error": jnp.sqrt(c["err_sq"] / jnp.maximum(c["samples"], 1).astype(dtype)),
-        "max_error": c["err_max"],
-        "max_tilt": jnp.arccos(jnp.clip(c["cos_tilt_min"], -1.0, 1.0)),
-        "energy": s.energy - carry0["state"].energy,
-        "saturation_time": c["sat_ticks"].astype(dtype) * v["dt"],
-        "final_error": jnp.sqrt(d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1] + d[:, 2] * d[:, 2]),
-        "samples": c["samples"],
-        "params_ok": carry0["alive"],
-    }
-    for name, value in vehicle["varied"].items():
-        out["param_" + name] = value
+    if kept is None:
+        dtype = v["dt"].dtype
+        kept = (jnp.zeros((static.num_ticks, 0, 3), dtype), jnp.zeros((static.num_ticks, 0), dtype),
+                jnp.zeros((static.num_ticks, 0), bool))
+    else:
+        kept = tuple(jnp.swapaxes(x[:K], 0, 1) for x in kept)
     return out, counts, kept
 
 

@@ -33,13 +33,10 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from quadjax.invariants import INVARIANT_IDS
+from quadjax.status import STATUS_IDS, VIOLATION_CODES
 
-#: crash causes: 1–5 are the state invariants (quadjax.invariants), then the sweep's own
-CRASH_IDS = INVARIANT_IDS + ("ground", "tilt", "lost", "invalid_params")
-GROUND, TILT, LOST, INVALID_PARAMS = (CRASH_IDS.index(n) for n in ("ground", "tilt", "lost", "invalid_params"))
-#: codes that are invariant violations (I1 parameters, I2–I5 state)
-VIOLATION_CODES = tuple(range(1, len(INVARIANT_IDS))) + (INVALID_PARAMS,)
+#: crash causes are the engine's status codes (the one table, :mod:`quadjax.status`)
+CRASH_IDS = STATUS_IDS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,13 +12,13 @@ import jax
 
 _EPILOG = """\
 examples:
-  quadjax fit --data ../shared/data/nanodrone/multisine_20251017_run1.parquet \\
+  quadjax fit --data nanodrone/multisine_20251017_run1.parquet \\
       --fit k_f,inertia,k_m,drag_linear --out fitted.json
   quadjax fit --data flights/ --validate held_out.csv --fit k_f,inertia --preset iris --out iris_fit.json
 
 Logs: .parquet files of the nano-drone benchmark, or .csv in the generic schema
 (quadjax.logs). Parameter names: quadjax.sysid.parameters (group or group.component).
-Load the result with quadjax.load_params(path)."""
+Load the result with quadjax.sysid.io.load_params(path)."""
 
 
 def _pairs(items, what):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from quadjax.params import QuadParams
 from quadjax.quaternion import quat_conjugate, quat_multiply
-from quadjax.rollout import rollout
+from quadjax.engine import SimConfig, simulate
 from quadjax.state import QuadState
 from quadjax.sysid.motor import MotorMap, motor_speed_command
 from quadjax.sysid.windows import INPUT_MODES, Windows
@@ -36,7 +36,7 @@ def predict(params: QuadParams, motor_map: MotorMap, state0: QuadState, inputs, 
 
     ``inputs`` (H, R) are measured rotor speeds or motor commands (``mode``),
     mapped by ``motor_map`` to rotor-speed commands and each held for ``dt``
-    (zero-order hold), integrated by :func:`quadjax.rollout` (RK4, ``substeps``
+    (zero-order hold), integrated by :func:`quadjax.simulate` (RK4, ``substeps``
     per step). In 'commands' mode the rotors start at the measured speeds where
     ``rotor0_known``, else at the steady state of the first command.
     """
@@ -48,8 +48,8 @@ def predict(params: QuadParams, motor_map: MotorMap, state0: QuadState, inputs, 
         rotors = jnp.where(rotor0_known > 0.5, state0.rotor_speeds, command[0])
     else:
         rotors = command[0]
-    _, states = rollout(p, state0.replace(rotor_speeds=rotors), command, dt, substeps=substeps)
-    return states
+    config = SimConfig(substeps=substeps, save=("state",))
+    return simulate(p, state0.replace(rotor_speeds=rotors), dt, commands=command, config=config).states
 
 
 def attitude_error(q_measured, q_predicted):

@@ -11,13 +11,13 @@ from quadjax.model import hover_rotor_speed
 from quadjax.params import QuadParams
 from quadjax.quadrotor import effective_rotor_speeds
 from quadjax.quaternion import quat_from_axis_angle, quat_multiply, quat_normalize
-from quadjax.rollout import rollout
+from quadjax.engine import SimConfig, simulate
 from quadjax.state import QuadState
 from quadjax.sysid.motor import MotorMap, motor_speed_command
 
 
 #: compiled once per shape (an eager ``lax.scan`` would compile again for every log)
-_rollout_jit = jax.jit(rollout, static_argnames=("substeps", "step"))
+_simulate_jit = jax.jit(lambda p, s, u, dt: simulate(p, s, dt, commands=u, config=SimConfig(save=("state",))).states)
 
 
 def mixer_directions(params: QuadParams) -> np.ndarray:
@@ -93,7 +93,7 @@ def simulate_log(params: QuadParams, state0: QuadState, inputs, dt: float, *, mo
     mm = motor_map if motor_map is not None else MotorMap.identity(params.num_rotors, dtype=params.mass.dtype)
     u = jnp.asarray(inputs, params.mass.dtype)
     command = motor_speed_command(mm, u)
-    _, states = _rollout_jit(params, state0, command, dt)
+    states = _simulate_jit(params, state0, command, dt)
     cat = lambda a, b: np.concatenate([np.asarray(a)[None], np.asarray(b)], axis=0)  # noqa: E731
     pos, vel = cat(state0.position, states.position), cat(state0.velocity, states.velocity)
     att, rates = cat(state0.attitude, states.attitude), cat(state0.body_rates, states.body_rates)

@@ -1,0 +1,709 @@
+"""The simulation engine: the one place where vehicles are stepped through time.
+
+:func:`simulate` flies ONE vehicle (batch it with ``jax.vmap`` or :func:`map_vehicles`)
+for ``num_ticks`` ticks of ``dt`` [s]. Each tick:
+
+1. ``edit(state, k)`` (optional): the caller's code that touches the state between steps;
+2. the controller maps the observation to a rotor-speed command (R,) [rad/s]. Open loop is
+   the controller that replays ``commands`` (T, R);
+3. the physics advances ``config.substeps`` steps of ``dt / substeps`` with the command held
+   (zero-order hold), on the native CPU kernel or on XLA (``config.backend``);
+4. the hooks judge the tick: the invariant monitor (``config.check``), the sweep's crash
+   rules, streaming reductions (:class:`Reduce`), or any :class:`Hook`. A hook that returns a
+   non-zero status code (:mod:`quadjax.status`) stops the vehicle: it is frozen at its state
+   (and controller state) before that tick, its code and tick are recorded, and the others
+   fly on untouched. Nothing raises inside a batched run (diffrax's ``throw=False``), unless
+   ``config.check="raise"`` asks for it.
+
+The result is a :class:`Trajectory`. All arithmetic is in the dtype of ``state0``: params,
+commands, inputs and ``dt`` are cast to it, so float32 stays float32 under x64.
+
+Speed (benchmarks/RESULTS.md): an open loop with no hook runs the whole horizon in one
+native kernel call; anything with per-tick work runs one kernel call per tick inside the
+scan (or, on XLA, the component form of the stepper, split once before the scan and joined
+only where a hook or the saved output needs the array form). Derivatives always run XLA's
+program of the same model, so ``jax.grad`` works on every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from quadjax import native
+from quadjax import status as codes
+from quadjax._components import join, join_state, split, split_params, split_state
+from quadjax._pytree import pytree_dataclass
+from quadjax.integrators import STEPPERS, component_stepper, rk4_step
+from quadjax.invariants import state_violation
+from quadjax.params import QuadParams, check_params, params_valid
+from quadjax.state import QuadState
+
+BACKENDS = ("auto", "xla", "native")
+CHECKS = ("off", "monitor", "raise")
+SAVE_FIELDS = ("state", "command")
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """The static options of a run (hashable; pass it through ``jit`` as a constant).
+
+    integrator: ``"rk4"``, ``"euler"``, ``"semi_implicit_euler"`` or a stepper
+        ``(params, state, command, dt) -> state``. The library's steppers run in component form.
+    substeps: physics steps per tick, each ``dt / substeps`` long, the command held.
+    save_every: keep the outputs (``save``) after every ``save_every``-th tick (it must divide
+        ``num_ticks``); 0 keeps only the final state.
+    save: which per-tick outputs are kept: a subset of ``("state", "command")``. Hooks'
+        own per-tick outputs are kept whenever ``save_every`` > 0.
+    checkpoint: rematerialise each tick in the backward pass (``jax.checkpoint``): reverse-mode
+        memory drops to one carry per tick.
+    backend: ``"auto"`` (the native CPU kernel where it applies, else XLA), ``"xla"``, or
+        ``"native"`` (the kernel, or a ValueError saying why it does not apply).
+    check: ``"off"``; ``"monitor"`` runs the invariant monitor (I1 once, I2–I5 before and
+        after every tick; :class:`quadjax.monitor.MonitorReport`) and stops a vehicle at its
+        first violation; ``"raise"`` does the same and, inside ``checkify.checkify`` (or
+        ``chex.chexify``), raises naming the invariant, the vehicle and the tick.
+    unroll: passed to ``lax.scan``.
+    """
+
+    integrator: Any = "rk4"
+    substeps: int = 1
+    save_every: int = 1
+    save: tuple = SAVE_FIELDS
+    checkpoint: bool = False
+    backend: str = "auto"
+    check: str = "off"
+    unroll: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.integrator, str) and self.integrator not in STEPPERS:
+            raise ValueError(f"SimConfig.integrator={self.integrator!r}: choose one of {sorted(STEPPERS)} "
+                             "or pass a stepper function")
+        if not (isinstance(self.integrator, str) or callable(self.integrator)):
+            raise ValueError(f"SimConfig.integrator={self.integrator!r}: expected a name or a stepper function")
+        for name in ("substeps", "unroll"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"SimConfig.{name}={value!r}: expected an int >= 1")
+        if not isinstance(self.save_every, int) or isinstance(self.save_every, bool) or self.save_every < 0:
+            raise ValueError(f"SimConfig.save_every={self.save_every!r}: expected an int >= 0 (0: final state only)")
+        save = tuple(self.save)
+        if any(f not in SAVE_FIELDS for f in save):
+            raise ValueError(f"SimConfig.save={self.save!r}: a subset of {SAVE_FIELDS}")
+        object.__setattr__(self, "save", save)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"SimConfig.backend={self.backend!r}: expected one of {BACKENDS}")
+        if self.check not in CHECKS:
+            raise ValueError(f"SimConfig.check={self.check!r}: expected one of {CHECKS}")
+
+    @property
+    def stepper(self) -> Callable:
+        """The array-form stepper function."""
+        return STEPPERS[self.integrator] if isinstance(self.integrator, str) else self.integrator
+
+    def replace(self, **changes) -> "SimConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@pytree_dataclass
+class Inputs:
+    """Per-tick exogenous inputs (None where absent).
+
+    wind: (T, 3) m/s, world frame: the wind during each tick (replaces ``params.wind``).
+    wrench: (T, 6) body frame: an external force [N] (first three) and moment [N·m] (last
+        three) during each tick, added to the vehicle's own (a disturbance, a payload).
+    """
+
+    wind: jax.Array | None = None
+    wrench: jax.Array | None = None
+
+
+class Tick(NamedTuple):
+    """What a hook sees of one tick of one vehicle (array form).
+
+    k: () int32 tick index; t: () time at the start of the tick [s]; params: the vehicle's
+    params (state dtype); before: the state going into the tick's step (after ``edit``);
+    command: (R,) [rad/s]; after: what the step produced; ctrl_state: the controller's state
+    after the tick; wind, wrench: this tick's inputs or None; flying: () bool, False once the
+    vehicle has stopped (its tick is then computed and discarded).
+    """
+
+    k: jax.Array
+    t: jax.Array
+    params: QuadParams
+    before: QuadState
+    command: jax.Array
+    after: QuadState
+    ctrl_state: Any
+    wind: jax.Array | None
+    wrench: jax.Array | None
+    flying: jax.Array
+
+
+class Hook:
+    """A per-tick observer of one vehicle; subclass and override what you need.
+
+    ``init(params, state0, dt)`` → carry. ``update(carry, tick)`` → ``(carry, code, output)``:
+    ``code`` a () int32 status code, non-zero to stop the vehicle (:mod:`quadjax.status`);
+    ``output`` a pytree kept every ``save_every``-th tick (None for none). ``result(carry)``
+    → what :attr:`Trajectory.hooks` holds for it. Hooks must be hashable (static).
+    """
+
+    def init(self, params: QuadParams, state0: QuadState, dt):
+        return None
+
+    def update(self, carry, tick: Tick):
+        return carry, jnp.zeros((), jnp.int32), None
+
+    def result(self, carry):
+        return carry
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduce(Hook):
+    """A streaming reduction: ``fn(carry, state) -> carry`` folded over the state after every
+    tick, from ``init``: a 10⁶-vehicle sweep then never holds (N, T, ...) in memory."""
+
+    fn: Callable
+    init_value: Any = None
+
+    def init(self, params, state0, dt):
+        return self.init_value
+
+    def update(self, carry, tick):
+        return self.fn(carry, tick.after), jnp.zeros((), jnp.int32), None
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=[
+    "final", "states", "commands", "ctrl_state", "status", "status_tick", "report", "hooks", "outputs"],
+    meta_fields=["config", "backend"])
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+    """What :func:`simulate` returns (leading batch axes when batched).
+
+    final: QuadState after the last tick (a stopped vehicle: its state when it stopped).
+    states: QuadState (T // save_every, ...) after every ``save_every``-th tick, or None.
+    commands: (T // save_every, R) the commands of those ticks [rad/s], or None.
+    ctrl_state: the controller's final state (None in open loop).
+    status: () int32, :mod:`quadjax.status` code of the vehicle (0: flew to the end).
+    status_tick: () int32, the tick in which it stopped (0 for invalid params), −1 if it did not.
+    report: the monitor's :class:`quadjax.monitor.MonitorReport` (``config.check`` on), else None.
+    hooks: per hook, its ``result``. outputs: per hook, its saved per-tick outputs, or None.
+    config, backend: the run's :class:`SimConfig` and the backend that ran (static).
+    """
+
+    final: QuadState
+    states: QuadState | None
+    commands: jax.Array | None
+    ctrl_state: Any
+    status: jax.Array
+    status_tick: jax.Array
+    report: Any
+    hooks: tuple
+    outputs: tuple
+    config: SimConfig
+    backend: str
+
+    @property
+    def ok(self):
+        """True where the vehicle flew to the end (status 0)."""
+        return self.status == codes.OK
+
+
+# --------------------------------------------------------------------------- the boundary
+
+
+def _cast_inputs(params, state0, dt):
+    """Check the types at the boundary and cast params and dt to the state's dtype."""
+    if not isinstance(state0, QuadState):
+        raise ValueError(f"state0: expected a QuadState, got {type(state0).__name__}")
+    if not isinstance(params, QuadParams):
+        raise ValueError(f"params: expected a QuadParams, got {type(params).__name__}")
+    dtype = jnp.result_type(state0.position)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"state0.position: dtype {dtype}, expected a float dtype")
+    R = params.rotor_spins.shape[-1] if jnp.ndim(params.rotor_spins) else 0
+    _check_shapes(params, state0, R)
+    state0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), state0)
+    return params.astype(dtype), state0, jnp.asarray(dt, dtype), dtype, R
+
+
+def _check_shapes(params: QuadParams, state0: QuadState, R: int):
+    """Shapes of one vehicle (chex), so a batched argument passed unbatched fails here, by name."""
+    try:
+        chex.assert_shape([params.mass, params.k_f, params.motor_tau], ())
+        chex.assert_shape(params.inertia, (3, 3))
+        chex.assert_shape(params.rotor_positions, (R, 3))
+        chex.assert_shape(params.rotor_spins, (R,))
+        chex.assert_shape([state0.position, state0.velocity, state0.body_rates], (3,))
+        chex.assert_shape(state0.attitude, (4,))
+        chex.assert_shape(state0.rotor_speeds, (R,))
+        chex.assert_shape([state0.energy, state0.on_ground], ())
+    except AssertionError as err:
+        raise ValueError(f"simulate: one vehicle's params and state expected (batch with jax.vmap or "
+                         f"map_vehicles): {err}") from None
+
+
+def _check_concrete(params: QuadParams, state0: QuadState, dt, config: SimConfig):
+    """Values that are concrete at trace time are checked here, with a message; traced ones
+    become per-vehicle status codes (``config.check``) instead."""
+    leaves = [*jax.tree_util.tree_leaves(params), dt]
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return
+    try:
+        check_params(params)
+    except ValueError as err:
+        raise ValueError(f"simulate: invalid params: {err}") from None
+    if not (float(dt) > 0 and np.isfinite(float(dt))):
+        raise ValueError(f"simulate: dt = {float(dt)}: expected a finite time step > 0 [s]")
+    if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(state0)):
+        try:
+            chex.assert_tree_all_finite(state0)
+        except AssertionError:
+            raise ValueError("simulate: state0 has a non-finite value") from None
+
+
+def _series(name, x, num_ticks, width, dtype):
+    if x is None:
+        return None
+    x = jnp.asarray(x, dtype)
+    if x.shape != (num_ticks, width):
+        raise ValueError(f"inputs.{name}: shape {x.shape}, expected ({num_ticks}, {width}) (one row per tick)")
+    return x
+
+
+def _use_native(config: SimConfig, rotors: int, dtype) -> bool:
+    """Whether the physics runs in the native kernel (``backend="native"`` insists)."""
+    if config.backend == "xla":
+        return False
+    why = None
+    if config.stepper is not rk4_step:
+        why = "it runs the library's RK4 only"
+    elif not native.supports(rotors, dtype):
+        why = f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
+    elif jax.default_backend() != "cpu":
+        why = "it is a CPU kernel"
+    elif not native.available():
+        why = native.unavailable_reason()
+    if why and config.backend == "native":
+        raise ValueError(f"backend='native': not available here ({why})")
+    return why is None
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def simulate(
+    params: QuadParams,
+    state0: QuadState,
+    dt,
+    *,
+    commands=None,
+    controller: Callable | None = None,
+    ctrl_params=None,
+    ctrl_state=None,
+    num_ticks: int | None = None,
+    inputs: Inputs | None = None,
+    observe: Callable | None = None,
+    edit: Callable | None = None,
+    hooks: tuple = (),
+    config: SimConfig = SimConfig(),
+) -> Trajectory:
+    """Fly one vehicle for ``num_ticks`` ticks of ``dt`` [s]; returns a :class:`Trajectory`.
+
+    Open loop: ``commands`` (T, R) rotor-speed commands [rad/s], one per tick (``num_ticks``
+    is then T). Closed loop: ``controller(ctrl_params, ctrl_state, observation, t) ->
+    (command (R,), ctrl_state)`` runs at t = k·dt, its command held for the tick; the
+    observation is ``observe(params, state, t)``, by default the true state.
+    ``inputs``: per-tick :class:`Inputs` (wind, wrench). ``edit(state, k) -> state``: the
+    caller's code run on the state before tick k (the monitor checks what it produces).
+    ``hooks``: per-tick :class:`Hook` s (crash rules, reductions). ``config``: :class:`SimConfig`.
+
+    Batch with ``jax.vmap`` (``vehicle_axes`` for params) or :func:`map_vehicles`.
+    """
+    if not isinstance(config, SimConfig):
+        raise ValueError(f"config: expected a SimConfig, got {type(config).__name__}")
+    params, state0, dt, dtype, R = _cast_inputs(params, state0, dt)
+    if (commands is None) == (controller is None):
+        raise ValueError("simulate: give either commands= (open loop) or controller= (closed loop)")
+    if commands is not None:
+        commands = jnp.asarray(commands, dtype)
+        if commands.ndim != 2 or commands.shape[1] != R:
+            raise ValueError(f"commands: shape {commands.shape}, expected (T, {R}) rotor-speed commands")
+        if num_ticks is not None and num_ticks != commands.shape[0]:
+            raise ValueError(f"num_ticks={num_ticks} but commands has {commands.shape[0]} rows")
+        num_ticks = commands.shape[0]
+        if observe is not None:
+            raise ValueError("simulate: observe= needs a controller (open loop replays commands)")
+    if not isinstance(num_ticks, int) or isinstance(num_ticks, bool) or num_ticks < 1:
+        raise ValueError(f"num_ticks={num_ticks!r}: expected an int >= 1 (static under jit)")
+    if config.save_every and num_ticks % config.save_every:
+        raise ValueError(f"SimConfig.save_every={config.save_every}: must divide num_ticks ({num_ticks})")
+    inputs = Inputs() if inputs is None else inputs
+    wind = _series("wind", inputs.wind, num_ticks, 3, dtype)
+    wrench = _series("wrench", inputs.wrench, num_ticks, 6, dtype)
+    hooks = tuple(hooks)
+    if any(not isinstance(h, Hook) for h in hooks):
+        raise ValueError("hooks: expected Hook instances (quadjax.engine.Hook, Reduce, ...)")
+    if not isinstance(config.integrator, str) and config.stepper not in STEPPERS.values() and wrench is not None:
+        raise ValueError("inputs.wrench needs one of the library's steppers (euler, semi-implicit, rk4)")
+    _check_concrete(params, state0, dt, config)
+    on_native = _use_native(config, R, dtype)
+    backend = "native" if on_native else "xla"
+    if config.check != "off":
+        from quadjax.monitor import Monitor
+
+        hooks = (Monitor(wind=wind is not None, wrench=wrench is not None),) + hooks
+
+    if commands is not None and not hooks and edit is None:  # the fast open loop: no per-tick work
+        final, states = _open_loop(params, state0, commands, dt, wind, wrench, config, on_native)
+        # a vehicle with invalid params (I1) never flies: it stays at state0, status 6
+        ok = params_valid(params)
+        final = _where(ok, final, state0)
+        if states is not None:
+            states = _where(ok, states, state0)
+        saved = commands[config.save_every - 1::config.save_every] if config.save_every else None
+        return Trajectory(
+            final=final, states=states if "state" in config.save else None,
+            commands=saved if "command" in config.save else None, ctrl_state=None,
+            status=jnp.where(ok, codes.OK, codes.PARAMS_INVALID).astype(jnp.int32),
+            status_tick=jnp.where(ok, -1, 0).astype(jnp.int32), report=None, hooks=(), outputs=(),
+            config=config, backend=backend)
+
+    if commands is not None:
+        policy, cs0 = _replay, None
+        per_tick = commands
+    else:
+        policy, cs0, per_tick = functools.partial(_closed_loop, controller, ctrl_params, observe), ctrl_state, None
+    physics = _Physics(params, dt, config, on_native, R)
+    traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, config, backend)
+    if config.check == "raise":
+        _raise_on_violation(traj)
+    return traj
+
+
+def _replay(cs, obs, t, u):
+    return u, cs
+
+
+def _closed_loop(controller, ctrl_params, observe, cs, state, t, _, params):
+    obs = state if observe is None else observe(params, state, t)
+    return controller(ctrl_params, cs, obs, t)
+
+
+class _Physics:
+    """One tick's physics on the carry form of the state: packed rows for the native kernel,
+    component tuples for XLA (split once before the scan)."""
+
+    def __init__(self, params, dt, config, on_native, R):
+        self.params, self.dt, self.config, self.native, self.R = params, dt, config, on_native, R
+        if on_native:
+            self.advance_native = _native_advance(params, dt, config.substeps)
+        else:
+            self.P = split_params(params)
+            self.step_c = component_stepper(config.stepper)
+
+    def pack(self, state: QuadState):
+        return native.pack_state(state) if self.native else split_state(state)
+
+    def view(self, carry) -> QuadState:
+        return native.unpack_state(carry, self.R) if self.native else join_state(carry)
+
+    def advance(self, carry, command, wind_t, wrench_t):
+        """``substeps`` steps of ``dt / substeps`` with ``command`` (R,) held."""
+        if self.native:
+            return self.advance_native(carry, command, wind_t, wrench_t)
+        P = self.P if wind_t is None else self.P.replace(wind=tuple(split(wind_t)))
+        external = None if wrench_t is None else (tuple(split(wrench_t[:3])), tuple(split(wrench_t[3:])))
+        return _hold(self.step_c, P, carry, split(command), self.dt / self.config.substeps, self.config.substeps,
+                     external)
+
+
+def _hold(step_c, P, S, u, h, substeps, external):
+    """``substeps`` steps of ``h`` with command ``u`` held, all in component form."""
+    if substeps == 1:
+        return step_c(P, S, u, h, external)
+    S, _ = jax.lax.scan(lambda s, _: (step_c(P, s, u, h, external), None), S, None, length=substeps)
+    return S
+
+
+def _where(flag, a, b):
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
+
+
+def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, config, backend):
+    """The tick scan with hooks: every closed loop, every checked or hooked run."""
+    params, dt = physics.params, physics.dt
+    dtype = dt.dtype
+    ok = params_valid(params)  # I1: a vehicle with invalid params never flies
+    carry0 = dict(
+        x=physics.pack(state0), cs=cs0, flying=ok,
+        status=jnp.where(ok, codes.OK, codes.PARAMS_INVALID).astype(jnp.int32),
+        status_tick=jnp.where(ok, -1, 0).astype(jnp.int32),
+        hooks=tuple(h.init(params, state0, dt) for h in hooks),
+    )
+    xs = (jnp.arange(num_ticks, dtype=jnp.int32), per_tick, wind, wrench)
+
+    def tick(c, x):
+        k, u_k, wind_t, wrench_t = x
+        t = k.astype(dtype) * dt
+        state = physics.view(c["x"])
+        before = state if edit is None else edit(state, k)
+        x_in = c["x"] if edit is None else physics.pack(before)
+        if u_k is not None:
+            command, cs1 = u_k, c["cs"]
+        else:
+            command, cs1 = policy(c["cs"], before, t, None, params)
+        command = jnp.asarray(command, dtype)
+        x1 = physics.advance(x_in, command, wind_t, wrench_t)
+        after = physics.view(x1)
+        info = Tick(k=k, t=t, params=params, before=before, command=command, after=after, ctrl_state=cs1,
+                    wind=wind_t, wrench=wrench_t, flying=c["flying"])
+        code = jnp.zeros((), jnp.int32)
+        new_hooks, outputs = [], []
+        for hook, hc in zip(hooks, c["hooks"]):
+            hc, hook_code, out = hook.update(hc, info)
+            code = jnp.where(code == 0, jnp.asarray(hook_code, jnp.int32), code)
+            new_hooks.append(hc)
+            outputs.append(out)
+        stop = c["flying"] & (code != 0)
+        flying = c["flying"] & (code == 0)
+        c1 = dict(
+            x=_where(flying, x1, c["x"]), cs=_where(flying, cs1, c["cs"]), flying=flying,
+            status=jnp.where(stop, code, c["status"]), status_tick=jnp.where(stop, k, c["status_tick"]),
+            hooks=tuple(new_hooks),
+        )
+        y = {"outputs": tuple(outputs)}
+        if "state" in config.save:
+            y["state"] = physics.view(c1["x"])
+        if "command" in config.save:
+            y["command"] = command
+        return c1, y
+
+    c, out = _drive(tick, carry0, xs, num_ticks, config)
+    saved = out or {}
+    return Trajectory(
+        final=physics.view(c["x"]), states=saved.get("state"), commands=saved.get("command"), ctrl_state=c["cs"],
+        status=c["status"], status_tick=c["status_tick"],
+        report=c["hooks"][0] if config.check != "off" else None,
+        hooks=tuple(h.result(hc) for h, hc in zip(hooks, c["hooks"])),
+        outputs=tuple(saved["outputs"]) if out is not None else tuple(None for _ in hooks),
+        config=config, backend=backend,
+    )
+
+
+def _drive(tick, carry0, xs, num_ticks, config: SimConfig):
+    """Scan ``tick(carry, x) -> (carry, y)`` over the ticks; ``y`` kept every ``save_every``-th
+    tick, stacked on a leading time axis (None for ``save_every`` = 0)."""
+    body = jax.checkpoint(tick) if config.checkpoint else tick
+    every, unroll = config.save_every, config.unroll
+
+    def quiet(c, x):
+        return body(c, x)[0], None
+
+    if not every:
+        return jax.lax.scan(quiet, carry0, xs, length=num_ticks, unroll=unroll)[0], None
+    if every == 1:
+        return jax.lax.scan(body, carry0, xs, length=num_ticks, unroll=unroll)
+    blocks = jax.tree_util.tree_map(lambda x: x.reshape((-1, every) + x.shape[1:]), xs)
+
+    def block(c, xb):
+        c, _ = jax.lax.scan(quiet, c, jax.tree_util.tree_map(lambda x: x[:-1], xb), unroll=unroll)
+        return body(c, jax.tree_util.tree_map(lambda x: x[-1], xb))
+
+    return jax.lax.scan(block, carry0, blocks)
+
+
+def _raise_on_violation(traj: Trajectory):
+    """``config.check="raise"``: a checkify error naming the invariant, the vehicle and the tick.
+
+    Run the jitted call under ``checkify.checkify`` (or ``chex.chexify``) and ``.throw()``. The
+    vehicle is the index along the vmap axis named ``"vehicles"`` (:func:`map_vehicles`
+    without ``block``); 0 for a single vehicle."""
+    try:
+        vehicle = jax.lax.axis_index(VEHICLE_AXIS)
+    except NameError:  # not inside map_vehicles: one vehicle
+        vehicle = jnp.zeros((), jnp.int32)
+    for code in range(1, len(codes.STATUS_IDS)):  # checkify formats arrays, not strings: one check per code
+        checkify.check(traj.status != code,
+                       f"quadjax: {codes.describe_code(code)} in vehicle {{vehicle}} at tick {{tick}}",
+                       vehicle=vehicle, tick=traj.status_tick)
+
+
+# --------------------------------------------------------------------------- the open loop fast path
+
+
+def _open_loop(params, state0, commands, dt, wind, wrench, config, on_native):
+    """The whole horizon, no per-tick work: one kernel call, or the XLA scan on components."""
+    R = commands.shape[1]
+    if on_native:
+        final, saved = _native_rollout_core(params, native.pack_state(state0), commands, dt, wind, wrench,
+                                            _KernelOptions(config.substeps, config.save_every, config.checkpoint,
+                                                           config.unroll))
+        return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
+    return _open_loop_xla(params, state0, commands, dt, wind, wrench, config)
+
+
+def _open_loop_xla(params, state0, commands, dt, wind, wrench, config):
+    """The open loop on XLA: per-tick inputs scanned as one (T,) series per component, so under
+    vmap each step reads contiguous (N,) rows, not strided columns of (N, R) (2× faster)."""
+    P, S = split_params(params), split_state(state0)
+    step_c = component_stepper(config.stepper)
+    h = dt / config.substeps
+    xs = (split(commands), None if wind is None else split(wind), None if wrench is None else split(wrench))
+
+    def tick(S, x):
+        u, wind_t, wrench_t = x
+        P_t = P if wind_t is None else P.replace(wind=tuple(wind_t))
+        external = None if wrench_t is None else (tuple(wrench_t[:3]), tuple(wrench_t[3:]))
+        S = _hold(step_c, P_t, S, u, h, config.substeps, external)
+        return S, join_state(S)
+
+    final, states = _drive(tick, S, xs, commands.shape[0], config)
+    return join_state(final), states
+
+
+class _KernelOptions(NamedTuple):
+    substeps: int
+    save_every: int
+    checkpoint: bool
+    unroll: int
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
+def _native_rollout_core(params, x0, commands, dt, wind, wrench, options: _KernelOptions):
+    """The kernel's rollout on packed states (:func:`quadjax.native.pack_state`)."""
+    return native.rollout(params, x0, commands, dt, wind, wrench, substeps=options.substeps,
+                          save_every=options.save_every)
+
+
+@_native_rollout_core.defjvp
+def _native_rollout_jvp(options, primals, tangents):
+    """Derivatives of the kernel's rollout are those of the XLA rollout (same model, same
+    numbers to rounding), so grad, jvp and checkpointing behave as on the XLA path."""
+    config = SimConfig(substeps=options.substeps, save_every=options.save_every, checkpoint=options.checkpoint,
+                       unroll=options.unroll, backend="xla")
+
+    def xla(params, x0, commands, dt, wind, wrench):
+        R = commands.shape[-1]
+        final, saved = _open_loop_xla(params, native.unpack_state(x0, R), commands, dt, wind, wrench, config)
+        return native.pack_state(final), None if saved is None else native.pack_state(saved)
+
+    return jax.jvp(xla, primals, tangents)
+
+
+def _native_advance(params, dt, substeps):
+    """``advance(x, command, wind_t, wrench_t) -> x``: one tick's physics in the kernel on a
+    packed state ``x`` (``wind_t`` (3,) / ``wrench_t`` (6,) or None)."""
+    options = _KernelOptions(substeps=substeps, save_every=0, checkpoint=False, unroll=1)
+
+    def advance(x, command, wind_t, wrench_t):
+        rows = [None if v is None else v[None] for v in (wind_t, wrench_t)]
+        return _native_rollout_core(params, x, command[None], dt, *rows, options)[0]
+
+    return advance
+
+
+# --------------------------------------------------------------------------- batching
+
+VEHICLE_AXIS = "vehicles"
+
+
+def vehicle_axes(params: QuadParams, *fields: str) -> QuadParams:
+    """An ``in_axes`` pytree for ``params``: 0 (one value per vehicle) for ``fields``, None (shared) for the rest.
+
+    ``vehicle_axes(p)`` with no field names maps every leaf. Example: a mass sweep with
+    everything else shared is ``vehicle_axes(p, "mass")`` with ``p.mass`` (N,).
+    """
+    names = [f for f in params.__dataclass_fields__]
+    unknown = [f for f in fields if f not in names]
+    if unknown:
+        raise ValueError(f"vehicle_axes: unknown QuadParams fields {unknown}")
+    chosen = set(fields) if fields else set(names)
+    return params.replace(**{f: (0 if f in chosen else None) for f in names})
+
+
+def expand_axes(axes, tree):
+    """Broadcast an in_axes prefix (None/0 or a pytree of them) to the full structure of ``tree``."""
+    return jax.tree_util.tree_map(
+        lambda a, sub: jax.tree_util.tree_map(lambda _: a, sub),
+        axes, tree, is_leaf=lambda a: a is None or isinstance(a, int),
+    )
+
+
+def map_vehicles(fn, args: tuple, in_axes: tuple, *, block: int | None = None, mesh=None):
+    """``jax.vmap(fn, in_axes)(*args)`` over vehicles, outputs batch-first (N, ...).
+
+    The one batch helper: ``fn`` is typically a lambda around :func:`simulate`.
+
+    * ``block``: vehicles run ``block`` at a time (``lax.map`` over tiles, each tile vmapped
+      through the whole horizon); same results per vehicle.
+    * ``mesh``: a one-axis ``jax.sharding.Mesh`` (:func:`quadjax.sharding.vehicle_mesh`): the
+      vehicles are split across its devices (``shard_map``; N padded to a multiple of the
+      device count with copies of the last vehicle, the padding dropped). Call it inside ``jit``.
+
+    The vmap axis is named ``"vehicles"`` (``config.check="raise"`` names the vehicle by it).
+    """
+    args = tuple(args)
+    axes = expand_axes(tuple(in_axes), args)
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    flat_axes = treedef.flatten_up_to(axes)
+    if any(a not in (0, None) for a in flat_axes):
+        raise ValueError("map_vehicles: in_axes entries must be 0 or None")
+    sizes = {jnp.shape(x)[0] for x, a in zip(leaves, flat_axes) if a == 0}
+    if not sizes:
+        raise ValueError("map_vehicles: no argument is mapped over vehicles (all in_axes None)")
+    if len(sizes) != 1:
+        raise ValueError(f"map_vehicles: mapped arguments disagree on the number of vehicles {sorted(sizes)}")
+    if block is not None and (not isinstance(block, int) or block < 1):
+        raise ValueError(f"block={block!r}: expected an int >= 1")
+    if mesh is not None:
+        return _sharded(fn, leaves, treedef, flat_axes, in_axes, sizes.pop(), block, mesh)
+    return _local(fn, leaves, treedef, flat_axes, block)
+
+
+def _local(fn, leaves, treedef, flat_axes, block):
+    """vmap over the vehicle axis, or ``lax.map`` over tiles of ``block`` vehicles (each tile
+    vmapped through the whole horizon; a remainder tile handled)."""
+    def call(*flat):
+        return fn(*jax.tree_util.tree_unflatten(treedef, list(flat)))
+
+    if block is None:
+        return jax.vmap(call, in_axes=tuple(flat_axes), axis_name=VEHICLE_AXIS)(*leaves)
+    mapped = [x for x, a in zip(leaves, flat_axes) if a == 0]
+
+    def one(xs):
+        it = iter(xs)
+        return call(*[next(it) if a == 0 else x for x, a in zip(leaves, flat_axes)])
+
+    return jax.lax.map(one, mapped, batch_size=block)
+
+
+def _sharded(fn, leaves, treedef, flat_axes, in_axes, n, block, mesh):
+    from jax.sharding import PartitionSpec as P
+
+    name = mesh.axis_names[0]
+    devices = mesh.devices.size
+    pad = (-n) % devices
+
+    def padded(x):
+        return jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x
+
+    leaves = [padded(jnp.asarray(x)) if a == 0 else x for x, a in zip(leaves, flat_axes)]
+    specs = tuple(P(name) if a == 0 else P() for a in flat_axes)
+
+    def local(*flat):
+        return _local(fn, list(flat), treedef, flat_axes, block)
+
+    out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(name), check_vma=False)(*leaves)
+    return jax.tree_util.tree_map(lambda x: x[:n], out) if pad else out
