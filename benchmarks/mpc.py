@@ -148,7 +148,8 @@ def fly_mpc(cfg, params, plant, s0, ticks, retime_every=4):
     on a shared machine. The plant steps in one jitted call per tick."""
     control = jitted_control(cfg)
     substeps = int(round(TICK / PHYS))
-    hold = jax.jit(lambda s, u: qj.rollout(plant, s, u[None], TICK, substeps=substeps)[0])
+    config = qj.SimConfig(substeps=substeps, save_every=0)
+    hold = jax.jit(lambda s, u: qj.simulate(plant, s, TICK, commands=u[None], config=config).final)
     cs = cfg.init(params, s0, jax.random.PRNGKey(0))
     s, states, times, best, status = s0, [], [], [], 0
     for k in range(ticks):
@@ -190,8 +191,10 @@ def fly_classic(kind, model, plant, ref, s0, seconds, dt, gains=None):
         law, cs0 = C.geometric_control, C.geometric_init(ctrl, s0)
     n = int(round(seconds / dt))
     substeps = max(1, int(round(dt / PHYS)))
-    run = jax.jit(lambda c, cs, s: qj.rollout_closed_loop(plant, s, law, c, cs, n, dt, substeps=substeps))
-    _, _, states, _ = jax.block_until_ready(run(ctrl, cs0, s0))
+    config = qj.SimConfig(substeps=substeps, save=("state",))
+    run = jax.jit(lambda c, cs, s: qj.simulate(plant, s, dt, controller=law, ctrl_params=c, ctrl_state=cs,
+                                               num_ticks=n, config=config).states)
+    states = jax.block_until_ready(run(ctrl, cs0, s0))
     return np.asarray(states.position), dt * np.arange(1, n + 1)
 
 

@@ -1,7 +1,8 @@
 """System identification on the real nano-drone flights, validated in the benchmark paper's protocol.
 
 Busetto et al., "Nonlinear System Identification for a Nano-drone Benchmark", CEP 2026
-(data: ../shared/data/nanodrone, README there). Fit on the paper's training flights
+(data: the benchmark's flight logs, found by ``quadjax.logs.nanodrone_dir``
+or ``$QUADJAX_NANODRONE_DIR``). Fit on the paper's training flights
 (multisine, random2, square runs 1–4), validate open loop on every random1 run and
 square run 5: from every start index, the measured state, the measured rotor speeds
 held over each 10 ms step, h = 1..50 steps; mean Euclidean position / velocity /
@@ -34,7 +35,7 @@ import jax
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = {  # held-out flight, h = 50 (GUIDE §5; Busetto et al. CEP 2026)
+PUBLISHED = {  # held-out flight, h = 50 (Busetto et al. CEP 2026)
     "physics baseline (paper)": {"position": 0.127, "body_rates": 0.884},
     "best learned model (paper)": {"position": 0.112, "body_rates": 0.598},
 }
@@ -83,7 +84,7 @@ def torque_diagnostics(train, test):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", help="nano-drone folder (default: ../shared/data/nanodrone or $QUADJAX_NANODRONE_DIR)")
+    ap.add_argument("--data", help="nano-drone folder (default: quadjax.logs.nanodrone_dir(), i.e. $QUADJAX_NANODRONE_DIR if set)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 training flights, few steps")
     ap.add_argument("--stride", type=int, default=100,
                     help="rows between training-window starts (default 100: every other 0.5 s window)")

@@ -42,13 +42,14 @@ def _law(kind, params, ref):
 def fly(kind, params, ref, state0, seconds, plant=None):
     ctrl, law, init = _law(kind, params, ref)
     n = int(round(seconds / DT))
-    run = jax.jit(lambda c, s: qj.rollout_closed_loop(plant if plant is not None else params, s, law, c,
-                                                      init(c, s), n, DT))
+    plant = plant if plant is not None else params
+    run = jax.jit(lambda c, s: qj.simulate(plant, s, DT, controller=law, ctrl_params=c, ctrl_state=init(c, s),
+                                           num_ticks=n).states)
     t0 = time.perf_counter()
-    _, _, states, _ = jax.block_until_ready(run(ctrl, state0))
+    states = jax.block_until_ready(run(ctrl, state0))
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _, _, states, _ = jax.block_until_ready(run(ctrl, state0))
+    states = jax.block_until_ready(run(ctrl, state0))
     return states, first, time.perf_counter() - t0
 
 

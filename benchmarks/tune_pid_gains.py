@@ -39,7 +39,8 @@ def make(seconds):
 
     def mse(gains):
         c = ctrl.replace(gains=gains)
-        _, _, states, _ = qj.rollout_closed_loop(plant, s0, law, c, C.pid_init(c, s0), n, DT)
+        states = qj.simulate(plant, s0, DT, controller=law, ctrl_params=c, ctrl_state=C.pid_init(c, s0),
+                             num_ticks=n, config=qj.SimConfig(save=("state",))).states
         return jnp.mean(jnp.sum((states.position - target) ** 2, axis=-1))
 
     return ctrl.gains, mse

@@ -15,6 +15,13 @@ for ``num_ticks`` ticks of ``dt`` [s]. Each tick:
    fly on untouched. Nothing raises inside a batched run (diffrax's ``throw=False``), unless
    ``config.check="raise"`` asks for it.
 
+Parameters that break I1 (:func:`quadjax.params_valid`): concrete ones are refused with a
+ValueError naming the field; traced ones (under ``jit``/``vmap``) give status 6
+(``params_invalid``), and every run with per-tick work (a controller, ``edit``, hooks or
+``check``) stops such a vehicle at t = 0. The bare open loop (``commands=``, nothing else)
+flags them and still flies them: it is what optimisers differentiate (sysid, MPC), and a
+vehicle frozen at state0 would give them a zero gradient as soon as a step leaves the valid set.
+
 The result is a :class:`Trajectory`. All arithmetic is in the dtype of ``state0``: params,
 commands, inputs and ``dt`` are cast to it, so float32 stays float32 under x64.
 
@@ -367,11 +374,10 @@ def simulate(
 
     if commands is not None and not hooks and edit is None:  # the fast open loop: no per-tick work
         final, states = _open_loop(params, state0, commands, dt, wind, wrench, config, on_native)
-        # a vehicle with invalid params (I1) never flies: it stays at state0, status 6
+        # invalid params (I1) are flagged (status 6) but flown: this bare open loop is what
+        # optimisers (sysid, MPC) differentiate, and freezing would zero their gradient the
+        # moment a step leaves the valid set. Anything with per-tick work stops them at t = 0.
         ok = params_valid(params)
-        final = _where(ok, final, state0)
-        if states is not None:
-            states = _where(ok, states, state0)
         saved = commands[config.save_every - 1::config.save_every] if config.save_every else None
         return Trajectory(
             final=final, states=states if "state" in config.save else None,

@@ -46,6 +46,7 @@ for backend in ("auto", "xla"):
     b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
     bitwise(a, b)
     assert b.states.position.shape == (10, 16, 3) and b.status.shape == (10,)
+    assert a.backend == b.backend == ("native" if backend == "auto" and qj.native.available() else "xla")
 
 # float64, N = 12, 3 per device, a reduction carried in the scan: the result stays spread over the devices
 p, s0, u, ps, axes = fleet(jnp.float64, 12)

@@ -96,7 +96,7 @@ def shift_plan(plan, nodes: float):
     return (1.0 - frac) * plan[lo] + frac * plan[hi]
 
 
-def _positive_int(owner, name, value):
+def positive_int(owner, name, value):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{owner}.{name} = {value!r}: must be an int >= 1")
 
@@ -129,9 +129,9 @@ class PlanConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        _positive_int(name, "horizon", self.horizon)
+        positive_int(name, "horizon", self.horizon)
         _positive_float(name, "dt", self.dt)
-        _positive_int(name, "substeps", self.substeps)
+        positive_int(name, "substeps", self.substeps)
         if self.control_dt is not None:
             _positive_float(name, "control_dt", self.control_dt)
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from quadjax._pytree import pytree_dataclass
-from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, _positive_int, accept, from_unit, to_unit
+from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, positive_int, accept, from_unit, to_unit
 from quadjax.mpc.costs import stage_cost, terminal_cost
 from quadjax.engine import SimConfig, simulate
 from quadjax.state import QuadState
@@ -95,7 +95,7 @@ def ilqr(dynamics, stage, terminal, x0, controls, *, iterations: int, regulariza
     (static tuple) the line-search step lengths; ``lower``/``upper`` box on u (or None).
     Pure and jittable; vmap it over problems.
     """
-    _positive_int("ilqr", "iterations", iterations)
+    positive_int("ilqr", "iterations", iterations)
     n, H = x0.shape[0], controls.shape[0]
     ks = jnp.arange(H)
     step_lengths = jnp.asarray(alphas, controls.dtype)
@@ -174,7 +174,7 @@ class ILQR(PlanConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive_int("ILQR", "iterations", self.iterations)
+        positive_int("ILQR", "iterations", self.iterations)
         if not self.alphas or not all(float(a) > 0 for a in self.alphas):
             raise ValueError(f"ILQR.alphas = {self.alphas!r}: must be a non-empty tuple of numbers > 0")
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from quadjax._pytree import pytree_dataclass
-from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, _positive_int, accept, from_unit, to_unit
+from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, positive_int, accept, from_unit, to_unit
 from quadjax.state import QuadState
 
 
@@ -50,8 +50,8 @@ class MPPI(PlanConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive_int("MPPI", "samples", self.samples)
-        _positive_int("MPPI", "iterations", self.iterations)
+        positive_int("MPPI", "samples", self.samples)
+        positive_int("MPPI", "iterations", self.iterations)
 
     def solve(self, params: MPCParams, state: MPCState, observation: QuadState, t) -> MPCState:
         """One MPPI solve from the warm start ``state.plan``; consumes one PRNG split."""

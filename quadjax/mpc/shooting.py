@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from quadjax._pytree import pytree_dataclass
-from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, _positive_int, accept, from_unit, to_unit
+from quadjax.mpc.core import MPCParams, MPCState, PlanConfig, positive_int, accept, from_unit, to_unit
 from quadjax.state import QuadState
 
 
@@ -61,7 +61,7 @@ class Shooting(PlanConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive_int("Shooting", "iterations", self.iterations)
+        positive_int("Shooting", "iterations", self.iterations)
         if self.box not in ("clip", "sigmoid"):
             raise ValueError(f"Shooting.box = {self.box!r}: must be 'clip' or 'sigmoid'")
 
