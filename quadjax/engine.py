@@ -200,7 +200,8 @@ class Trajectory:
 
     final: QuadState after the last tick (a stopped vehicle: its state when it stopped).
     states: QuadState (T // save_every, ...) after every ``save_every``-th tick, or None.
-    commands: (T // save_every, R) the commands of those ticks [rad/s], or None.
+    commands: (T // save_every, R) the commands of those ticks [rad/s], or None (after a vehicle
+        stopped: the command of the tick it stopped in, frozen like its state).
     ctrl_state: the controller's final state (None in open loop).
     status: () int32, :mod:`quadjax.status` code of the vehicle (0: flew to the end).
     status_tick: () int32, the tick in which it stopped (0 for invalid params), −1 if it did not.
@@ -452,8 +453,9 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
     ok = params_valid(params)  # I1: a vehicle with invalid params never flies
+    R = physics.R
     carry0 = dict(
-        x=physics.pack(state0), cs=cs0, flying=ok,
+        x=physics.pack(state0), cs=cs0, flying=ok, u=jnp.zeros((R,), dtype),
         status=jnp.where(ok, codes.OK, codes.PARAMS_INVALID).astype(jnp.int32),
         status_tick=jnp.where(ok, -1, 0).astype(jnp.int32),
         hooks=tuple(h.init(params, state0, dt) for h in hooks),
@@ -486,6 +488,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
         flying = c["flying"] & (code == 0)
         c1 = dict(
             x=_where(flying, x1, c["x"]), cs=_where(flying, cs1, c["cs"]), flying=flying,
+            u=jnp.where(c["flying"], command, c["u"]),  # a stopped vehicle's command is frozen too
             status=jnp.where(stop, code, c["status"]), status_tick=jnp.where(stop, k, c["status_tick"]),
             hooks=tuple(new_hooks),
         )
@@ -493,7 +496,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
         if "state" in config.save:
             y["state"] = physics.view(c1["x"])
         if "command" in config.save:
-            y["command"] = command
+            y["command"] = c1["u"]
         return c1, y
 
     c, out = _drive(tick, carry0, xs, num_ticks, config)
@@ -534,12 +537,15 @@ def _raise_on_violation(traj: Trajectory):
     """``config.check="raise"``: a checkify error naming the invariant, the vehicle and the tick.
 
     Run the jitted call under ``checkify.checkify`` (or ``chex.chexify``) and ``.throw()``. The
-    vehicle is the index along the vmap axis named ``"vehicles"`` (:func:`map_vehicles`
-    without ``block``); 0 for a single vehicle."""
+    vehicle is its index in :func:`map_vehicles` (with or without ``mesh``; with ``block`` the
+    tiles are ``lax.map``-ped, which names no axis, and the index reads 0); 0 for a single
+    vehicle."""
     try:
         vehicle = jax.lax.axis_index(VEHICLE_AXIS)
     except NameError:  # not inside map_vehicles: one vehicle
         vehicle = jnp.zeros((), jnp.int32)
+    if _SHARD_OFFSET:  # inside map_vehicles(mesh=...): the device's share starts there
+        vehicle = vehicle + _SHARD_OFFSET[-1]
     for code in range(1, len(codes.STATUS_IDS)):  # checkify formats arrays, not strings: one check per code
         checkify.check(traj.status != code,
                        f"quadjax: {codes.describe_code(code)} in vehicle {{vehicle}} at tick {{tick}}",
@@ -623,6 +629,8 @@ def _native_advance(params, dt, substeps):
 # --------------------------------------------------------------------------- batching
 
 VEHICLE_AXIS = "vehicles"
+#: trace-time stack: inside map_vehicles(mesh=...), the index of the device's first vehicle
+_SHARD_OFFSET: list = []
 
 
 def vehicle_axes(params: QuadParams, *fields: str) -> QuadParams:
@@ -709,7 +717,12 @@ def _sharded(fn, leaves, treedef, flat_axes, in_axes, n, block, mesh):
     specs = tuple(P(name) if a == 0 else P() for a in flat_axes)
 
     def local(*flat):
-        return _local(fn, list(flat), treedef, flat_axes, block)
+        # the first vehicle of this device's share, for check="raise" to name the vehicle
+        _SHARD_OFFSET.append(jax.lax.axis_index(name) * ((n + pad) // devices))
+        try:
+            return _local(fn, list(flat), treedef, flat_axes, block)
+        finally:
+            _SHARD_OFFSET.pop()
 
     out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(name), check_vma=False)(*leaves)
     return jax.tree_util.tree_map(lambda x: x[:n], out) if pad else out

@@ -1,6 +1,8 @@
 """notebooks/01_monte_carlo.ipynb runs top to bottom (executed with nbclient; skipped
 cleanly where nbclient, nbformat or ipykernel is not installed)."""
 
+import re
+
 import pytest
 
 from tests.helpers import run_notebook
@@ -15,5 +17,7 @@ def test_monte_carlo_notebook_executes_and_shows_its_figures(tmp_path):
     assert "correlation of RMS tracking error with mass" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    # the second sweep differed only in numbers: it reused the compiled program
-    assert "compile 0.00 s" in text
+    # the second sweep differed only in numbers: it reused the compiled program (a cache
+    # lookup, milliseconds even on a loaded machine, against ~10 s for the first compile)
+    second = re.search(r", compile (\d+\.\d+) s", text)
+    assert second is not None and float(second.group(1)) < 0.5, text[:400]

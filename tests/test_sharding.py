@@ -79,6 +79,16 @@ a = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes))(ps, u)
 b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
 bitwise(a, b)
 assert list(np.flatnonzero(np.asarray(b.status))) == [5] and int(b.status_tick[5]) == 3
+
+# check="raise" names the vehicle by its index in the whole fleet, not in its device's share
+from jax.experimental import checkify
+loud = open_loop(s0, qj.SimConfig(check="raise"))
+err, _ = jax.jit(checkify.checkify(lambda ps, u: qj.map_vehicles(loud, (ps, u), axes, mesh=mesh)))(ps, u)
+try:
+    err.throw()
+    raise AssertionError("no error raised")
+except checkify.JaxRuntimeError as e:
+    assert "non_finite in vehicle 5 at tick 3" in str(e), str(e)
 print("OK")
 """
 
