@@ -1,6 +1,7 @@
 """Differentiability: grad of a simulation against central finite differences, finite grads at edge states."""
 
 import dataclasses
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -16,18 +17,6 @@ T, DT = 100, 2e-3
 def _loss(params, state0, commands):
     traj = qj.simulate(params, state0, DT, commands=commands)
     return _objective(traj.final, traj.states)
-
-
-def _model_loss(params, state0, commands):
-    """:func:`_loss` on the bare model (a scan of rk4_step, no engine). The engine flies no
-    vehicle whose params fail I1 (spins exactly ±1), so a finite difference in rotor_spins
-    must be taken here; at valid params the two losses agree (checked below)."""
-    def tick(s, u):
-        s = qj.rk4_step(params, s, u, DT)
-        return s, s
-
-    final, traj = jax.lax.scan(tick, state0, commands)
-    return _objective(final, traj)
 
 
 def _objective(final, traj):
@@ -60,17 +49,12 @@ FIELDS = [f.name for f in dataclasses.fields(qj.QuadParams)]
 def test_simulation_gradient_matches_finite_differences(setup, field):
     p, s, commands, loss, grad = setup
     value = getattr(p, field)
-    rng = np.random.default_rng(abs(hash(field)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(field.encode()))  # stable across runs (hash() is salted)
     direction = jnp.asarray(rng.normal(size=value.shape)) * (jnp.abs(value) + 1e-3 * (jnp.abs(value) == 0))
     if field == "ground_z":
         direction = jnp.asarray(1.0)
     g_dir = float(jnp.sum(getattr(grad, field) * direction))
     h = 1e-6
-    if field == "rotor_spins":  # off ±1 the params are invalid (I1) and the engine keeps the state
-        model = jax.jit(_model_loss)
-        assert float(model(p, s, commands)) == pytest.approx(float(loss(p, s, commands)), rel=1e-12)
-        assert not bool(qj.params_valid(p.replace(rotor_spins=value + h * direction)))
-        loss = model
     plus = loss(p.replace(**{field: value + h * direction}), s, commands)
     minus = loss(p.replace(**{field: value - h * direction}), s, commands)
     fd = float(plus - minus) / (2 * h)

@@ -93,10 +93,22 @@ def constants(name, dtype=jnp.float64):
 
 
 def assert_within(actual, expected, atol):
-    """|actual − expected| ≤ atol elementwise (atol may be an array)."""
+    """|actual − expected| ≤ atol elementwise (atol may be an array broadcasting against them)."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     err = np.abs(actual - expected)
-    assert np.all(err <= atol), f"max excess {np.max(err - atol):.3g}: {actual} vs {expected} (atol {atol})"
+    assert np.all(err <= atol), _excess(actual, expected, err, atol)
+
+
+def _excess(actual, expected, err, atol):
+    """Where assert_within fails worst: the row of the largest excess (NaN counts as largest)."""
+    shape = np.broadcast_shapes(err.shape, np.shape(atol))
+    excess = np.broadcast_to(np.where(np.isnan(err), np.inf, err - atol), shape)
+    if excess.ndim < 2:
+        return f"max excess {np.max(excess):.3g}: {actual} vs {expected} (atol {atol})"
+    row = np.unravel_index(np.argmax(excess), excess.shape)[:-1]
+    atol_row = np.broadcast_to(atol, excess.shape)[row]
+    return (f"max excess {np.max(excess):.3g} at row {row}: {np.broadcast_to(actual, excess.shape)[row]} vs "
+            f"{np.broadcast_to(expected, excess.shape)[row]} (atol {atol_row})")
 
 
 def eps_of(dtype):
@@ -105,19 +117,23 @@ def eps_of(dtype):
 
 # --- one jitted probe, one batch shape: every test reuses the compiled mixer ---------------------
 
-BATCH = 16
+BATCH = 256  # rows per call: a property test's whole batch is one call
 
 
-@jax.jit
-def probe(mp, w):
-    """mix, allocate, wrench(allocate) and the report for a (BATCH, 4) batch of demands."""
+def _probe(mp, w):
+    """mix, allocate, wrench(allocate) and the report for a batch of demands (leading axes broadcast)."""
     out = mix(mp, w)
     thrusts = allocate(mp, w)
     return out, thrusts, wrench(mp, thrusts), saturation_from(w, out)
 
 
+#: vectorised by mix's own leading-axis batching (test_jit_vmap_and_dtype: the same as jax.vmap)
+probe = jax.jit(_probe)
+
+
 def run(name, w, dtype=jnp.float64):
-    """(out, allocate, wrench(allocate), report) as numpy for demands w (n, 4), in chunks of BATCH rows."""
+    """(out, allocate, wrench(allocate), report) as numpy for demands w (n, 4): one jitted call
+    per BATCH rows (compiled once per vehicle and dtype)."""
     mp = vehicle(name, dtype)
     w = np.atleast_2d(np.asarray(w, dtype=np.dtype(dtype)))
     n = len(w)
@@ -143,85 +159,148 @@ def component(limit):
     )
 
 
-demands = st.tuples(component(1e3), component(1e6), component(1e6), component(1e6))
-vehicles = st.sampled_from(PROPERTY_VEHICLES)
-dtypes = st.sampled_from(DTYPES)
+LIMITS = (1e3, 1e6, 1e6, 1e6)  # |F| [N], |τ| [N·m] of a drawn demand
+demands = st.tuples(*[component(limit) for limit in LIMITS])
 
 
+# --- property tests: whole batches per example, one jitted call each --------------------------------
+#
+# Each hypothesis example is a batch of ROWS cases checked in ONE vectorised, jitted mixer call:
+# the first DRAWN rows drawn by hypothesis (its edge values, and shrinking), the rest from a
+# seeded numpy generator of the same distribution. Each test runs on every (vehicle, dtype), so a few examples
+# cover more cases than the thousands of one-case examples these tests had before.
 
-# --- property tests (5 000 examples in all) ------------------------------------------------------
+ROWS = BATCH
+DRAWN = 32
+BATCH_SETTINGS = settings(max_examples=4, derandomize=True, deadline=None)
+every_vehicle_and_dtype = pytest.mark.parametrize(
+    "name, dtype", [(n, d) for n in PROPERTY_VEHICLES for d in DTYPES],
+    ids=[f"{n}-{jnp.dtype(d).name}" for n in PROPERTY_VEHICLES for d in DTYPES],
+)
 
 
-@settings(max_examples=2000, derandomize=True, deadline=None)
-@given(name=vehicles, dtype=dtypes, w=demands)
+def bulk_components(rng, limit, n):
+    """``component(limit)``'s distribution in numpy: half plain uniform, half log-uniform magnitude."""
+    plain = rng.uniform(-limit, limit, n)
+    log = rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-6.0, math.log10(limit), n)
+    return np.where(rng.random(n) < 0.5, plain, log).astype(np.float32).astype(np.float64)
+
+
+@st.composite
+def demand_batches(draw, rows=ROWS, drawn=DRAWN):
+    """(rows, 4) demands: ``drawn`` rows from ``demands``, the rest seeded numpy of the same law."""
+    head = np.asarray(draw(st.lists(demands, min_size=drawn, max_size=drawn)), np.float64)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    bulk = np.stack([bulk_components(rng, limit, rows - drawn) for limit in LIMITS], axis=-1)
+    return np.concatenate([head, bulk])
+
+
+@st.composite
+def fraction_batches(draw, rows=ROWS, drawn=DRAWN):
+    """(rows, 6) fractions in [0, 1]: ``drawn`` rows by hypothesis, the rest uniform."""
+    head = np.asarray(draw(st.lists(st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6),
+                                    min_size=drawn, max_size=drawn)), np.float64)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return np.concatenate([head, rng.uniform(0.0, 1.0, (rows - drawn, 6))])
+
+
+STEP_SIZES = (1e-3, 1e-1, 1.0, 30.0)
+
+
+@st.composite
+def demand_step_batches(draw, pairs=ROWS // 2, drawn=DRAWN // 2):
+    """(w (pairs, 4), step (pairs, 4) in [−1, 1], size (pairs,) from STEP_SIZES)."""
+    head = draw(st.lists(st.tuples(demands, st.tuples(*[st.floats(-1.0, 1.0)] * 4), st.sampled_from(STEP_SIZES)),
+                         min_size=drawn, max_size=drawn))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = pairs - drawn
+    w = np.concatenate([np.asarray([h[0] for h in head], np.float64),
+                        np.stack([bulk_components(rng, limit, n) for limit in LIMITS], axis=-1)])
+    step = np.concatenate([np.asarray([h[1] for h in head], np.float64), rng.uniform(-1.0, 1.0, (n, 4))])
+    size = np.concatenate([np.asarray([h[2] for h in head], np.float64), rng.choice(STEP_SIZES, n)])
+    return w, step, size
+
+
+def all_rows(ok, *shown):
+    """Assert ``ok`` (rows,) holds for every row; on failure show the first bad rows of ``shown``."""
+    ok = np.asarray(ok)
+    bad = np.flatnonzero(~ok)
+    assert bad.size == 0, f"{bad.size} rows fail, first {bad[:3]}: " + "; ".join(str(x[bad[:3]]) for x in shown)
+
+
+@every_vehicle_and_dtype
+@BATCH_SETTINGS
+@given(w=demand_batches())
 def test_mix_contract_for_any_finite_demand(name, dtype, w):
     """Seed 002's post-condition of mix(): thrusts within limits, achieved = B·thrusts,
     achieved torque (στx, στy, sτz) with σ ∈ (0, 1], s ∈ [0, 1], roll/pitch direction kept."""
-    out, _, _, report = run(name, [w], dtype)
+    out, _, _, report = run(name, w, dtype)
     k = constants(name, dtype)
-    T = out.thrusts[0]
-    assert T.dtype == np.dtype(dtype) and np.all(np.isfinite(T))
-    assert np.all(T >= k.lo) and np.all(T <= k.hi)
+    T = out.thrusts
+    assert T.dtype == np.dtype(dtype)
+    all_rows(np.all(np.isfinite(T), axis=1), w, T)
+    all_rows(np.all((T >= k.lo) & (T <= k.hi), axis=1), w, T)
     tol = 64 * eps_of(dtype) * k.rows
-    assert_within(out.achieved[0], k.B @ T.astype(np.float64), tol)
-    sigma, s = float(out.rp_scale[0]), float(out.yaw_scale[0])
-    assert out.valid[0] and 0.0 < sigma <= 1.0 and 0.0 <= s <= 1.0
+    assert_within(out.achieved, T.astype(np.float64) @ k.B.T, tol)
+    sigma, s = out.rp_scale.astype(np.float64), out.yaw_scale.astype(np.float64)
+    all_rows(out.valid & (0.0 < sigma) & (sigma <= 1.0) & (0.0 <= s) & (s <= 1.0), w, sigma, s)
     w64 = np.asarray(w, np.dtype(dtype)).astype(np.float64)
-    expected = np.array([sigma * w64[1], sigma * w64[2], s * w64[3]])
-    assert_within(out.achieved[0, 1:], expected, tol[1:] + 64 * eps_of(dtype) * np.abs(expected))
+    expected = np.stack([sigma * w64[:, 1], sigma * w64[:, 2], s * w64[:, 3]], axis=-1)
+    assert_within(out.achieved[:, 1:], expected, tol[1:] + 64 * eps_of(dtype) * np.abs(expected))
     # direction kept: achieved (τx, τy) is a non-negative multiple of the demand
-    assert np.all(out.achieved[0, 1:3] * w64[1:3] >= -tol[1:3] * np.abs(w64[1:3]))
+    all_rows(np.all(out.achieved[:, 1:3] * w64[:, 1:3] >= -tol[1:3] * np.abs(w64[:, 1:3]), axis=1),
+             w, out.achieved)
     assert set(np.unique(report)) <= {-1, 0, 1}
 
 
-@settings(max_examples=1000, derandomize=True, deadline=None)
-@given(name=vehicles, dtype=dtypes, fractions=st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6))
+@every_vehicle_and_dtype
+@BATCH_SETTINGS
+@given(fractions=fraction_batches())
 def test_demand_within_limits_comes_back_unchanged(name, dtype, fractions):
     """w = B·T for T inside the limits: mix returns T, σ = s = 1, collective unmoved, report 0.
     (Hexacopter: T is first projected to the pseudo-inverse allocation P·B·T and kept only
     where that lies inside the limits.)"""
     k = constants(name, dtype)
     margin = 1e-3 * (k.hi - k.lo)
-    T = k.lo + margin + (k.hi - k.lo - 2 * margin) * np.asarray(fractions[: k.R])
-    T = k.P @ (k.B @ T)
-    if np.any(T < k.lo + margin) or np.any(T > k.hi - margin):
-        return  # this demand's allocation is not within the limits
-    out, _, _, report = run(name, [k.B @ T], dtype)
-    assert_within(out.thrusts[0], T, 256 * eps_of(dtype) * k.hi)
-    assert out.rp_scale[0] == 1.0 and out.yaw_scale[0] == 1.0 and not out.collective_moved[0]
-    assert np.all(report == 0)
+    T = k.lo + margin + (k.hi - k.lo - 2 * margin) * fractions[:, : k.R]
+    T = (T @ k.B.T) @ k.P.T  # P·(B·T) per row
+    inside = np.all((T >= k.lo + margin) & (T <= k.hi - margin), axis=1)  # the others' allocation is not
+    out, _, _, report = run(name, T @ k.B.T, dtype)
+    assert_within(out.thrusts[inside], T[inside], 256 * eps_of(dtype) * k.hi)
+    all_rows(((out.rp_scale == 1.0) & (out.yaw_scale == 1.0) & ~out.collective_moved) | ~inside, T,
+             out.rp_scale, out.yaw_scale)
+    assert np.all(report[inside] == 0)
 
 
-@settings(max_examples=1000, derandomize=True, deadline=None)
-@given(
-    name=vehicles,
-    dtype=dtypes,
-    w=demands,
-    step=st.tuples(*[st.floats(-1.0, 1.0)] * 4),
-    size=st.sampled_from([1e-3, 1e-1, 1.0, 30.0]),
-)
-def test_mix_is_continuous_in_the_demand(name, dtype, w, step, size):
+@every_vehicle_and_dtype
+@BATCH_SETTINGS
+@given(batch=demand_step_batches())
+def test_mix_is_continuous_in_the_demand(name, dtype, batch):
     """|ΔT|∞ ≤ K |Δw|∞ with K = 16 ‖P‖∞ (P the allocation): bounded change for bounded input change."""
+    w, step, size = batch
     w = np.asarray(w, np.dtype(dtype))
-    w2 = (w.astype(np.float64) + size * np.asarray(step)).astype(w.dtype)
-    out, _, _, _ = run(name, [w, w2], dtype)
+    w2 = (w.astype(np.float64) + size[:, None] * step).astype(w.dtype)
+    out, _, _, _ = run(name, np.concatenate([w, w2]), dtype)
     k = constants(name, dtype)
-    dw = np.abs(w2.astype(np.float64) - w.astype(np.float64)).max()
+    dw = np.abs(w2.astype(np.float64) - w.astype(np.float64)).max(axis=1)
     K = 16 * np.abs(k.P).sum(axis=1).max()
-    change = np.abs(np.diff(out.thrusts.astype(np.float64), axis=0)).max()
-    assert change <= K * dw + 1e3 * eps_of(dtype) * k.hi
+    T = out.thrusts.astype(np.float64)
+    change = np.abs(T[len(w):] - T[: len(w)]).max(axis=1)
+    all_rows(change <= K * dw + 1e3 * eps_of(dtype) * k.hi, w, w2, change, dw)
 
 
-@settings(max_examples=1000, derandomize=True, deadline=None)
-@given(name=vehicles, dtype=dtypes, w=demands)
+@every_vehicle_and_dtype
+@BATCH_SETTINGS
+@given(w=demand_batches())
 def test_allocate_inverts_wrench(name, dtype, w):
     """allocate(w) = the numpy pseudo-inverse P·w and wrench(allocate(w)) = w, to rounding."""
-    _, T, back, _ = run(name, [w], dtype)
+    _, T, back, _ = run(name, w, dtype)
     k = constants(name, dtype)
     w64 = np.asarray(w, np.dtype(dtype)).astype(np.float64)
-    size = np.abs(k.P) @ np.abs(w64)
-    assert_within(T[0], k.P @ w64, 64 * eps_of(dtype) * size.max())  # P's rounding is normwise
-    assert_within(back[0], w64, 128 * eps_of(dtype) * (np.abs(k.B) @ np.abs(T[0])) + 1e-12 * np.abs(w64).max())
+    size = np.abs(w64) @ np.abs(k.P).T  # (rows, R)
+    assert_within(T, w64 @ k.P.T, 64 * eps_of(dtype) * size.max(axis=1, keepdims=True))  # P's rounding is normwise
+    assert_within(back, w64, 128 * eps_of(dtype) * (np.abs(T) @ np.abs(k.B).T)
+                  + 1e-12 * np.abs(w64).max(axis=1, keepdims=True))
 
 
 # --- the priority against a lexicographic linear program --------------------------------------
