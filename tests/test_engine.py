@@ -245,7 +245,9 @@ def test_closed_loop_batch_with_one_gain_per_vehicle(backend):
     assert float(jnp.abs(final.position[0, 2] - final.position[2, 2])) > 1e-6
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# derivatives always run XLA's program (tests/test_native.py checks the kernel's forward pass
+# under grad), so one backend suffices here
+@pytest.mark.parametrize("backend", ["xla"])
 def test_checkpointed_gradient_of_a_thousand_step_rollout_matches_the_plain_one(backend):
     p = busy_params()
     s0 = busy_state(p)

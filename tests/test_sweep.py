@@ -394,11 +394,11 @@ def test_sweep_equals_the_engine_closed_loop():
     contraction differs in the last bit), so there it is ≤ 1e-6 relative, not bitwise."""
     from quadjax import control as C
 
-    conf = small(vehicles=16, chunk_size=16, block_size=16, keep_trajectories=0,
+    conf = small(vehicles=8, chunk_size=8, block_size=8, keep_trajectories=0, mission={"duration": 0.4},
                  gusts={"enabled": False}, sensor_noise={"enabled": False})
     swept = sweep.run_sweep(conf)
     static, values = sweep.runner.prepare(conf)
-    index = jnp.arange(16, dtype=jnp.int32)
+    index = jnp.arange(8, dtype=jnp.int32)
     # values traced, as the sweep passes them (closed over, XLA would fold them as constants)
     out, counts, _ = jax.jit(lambda v, i: qj.map_vehicles(
         lambda j: sweep.runner.fly_vehicle(static, v, j), (i,), (0,)))(values, index)
