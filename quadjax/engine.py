@@ -46,10 +46,9 @@ from jax.experimental import checkify
 
 from quadjax import native
 from quadjax import status as codes
-from quadjax._components import join, join_state, split, split_params, split_state
+from quadjax._components import join_state, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import STEPPERS, component_stepper, rk4_step
-from quadjax.invariants import state_violation
 from quadjax.params import QuadParams, check_params, params_valid
 from quadjax.state import QuadState
 

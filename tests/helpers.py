@@ -90,3 +90,24 @@ def run_notebook(name, cwd):
                             resources={"metadata": {"path": str(cwd)}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     return outputs, "".join(o.get("text", "") for o in outputs)
+
+
+def spread_fleet(dtype, n=8, t=20):
+    """n vehicles hovering at 1 m, vehicle i at x = 10 i m (planted edits tell them apart by x),
+    each with its own noisy near-hover commands (n, t, 4)."""
+    p = qj.presets.rp1(dtype)
+    s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
+    states = jax.tree_util.tree_map(lambda x: jnp.stack([x] * n), s0)
+    states = states.replace(position=states.position.at[:, 0].set(10.0 * jnp.arange(n, dtype=dtype)))
+    rng = np.random.default_rng(0)
+    u = qj.hover_rotor_speed(p) * jnp.asarray(1 + 0.03 * rng.standard_normal((n, t, 4)), dtype)
+    return p, states, u
+
+
+def below_ground_edit(vehicle, tick, dz=-0.02):
+    """Caller code that, in one vehicle of :func:`spread_fleet` (told by its x) before one tick,
+    moves it below the ground."""
+    def edit(state, k):
+        hit = (jnp.abs(state.position[0] - 10.0 * vehicle) < 1.0) & (k == tick)
+        return state.replace(position=state.position.at[2].set(jnp.where(hit, dz, state.position[2])))
+    return edit

@@ -11,7 +11,7 @@ from jax.experimental import checkify
 
 import quadjax as qj
 from quadjax.monitor import AFTER_STEP, BEFORE_STEP, describe, replay, write_repro
-from tests.helpers import busy_params, busy_state, command_for, leaves_close, leaves_equal
+from tests.helpers import below_ground_edit, busy_params, busy_state, command_for, leaves_close, leaves_equal, spread_fleet
 
 F64 = jnp.float64
 NEEDS_NATIVE = pytest.mark.skipif(not qj.native.available(),
@@ -323,33 +323,14 @@ def test_bad_options_raise_a_value_error_naming_them(kwargs, config, match):
 N, T = 8, 20
 
 
-def _fleet(dtype=F64):
-    """N vehicles hovering at 1 m; vehicle i starts at x = 10 i m (the planted edits tell them apart by x)."""
-    p = qj.presets.rp1(dtype)
-    s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
-    states = jax.tree_util.tree_map(lambda x: jnp.stack([x] * N), s0)
-    states = states.replace(position=states.position.at[:, 0].set(10.0 * jnp.arange(N, dtype=dtype)))
-    rng = np.random.default_rng(0)
-    u = qj.hover_rotor_speed(p) * jnp.asarray(1 + 0.03 * rng.standard_normal((N, T, 4)), dtype)
-    return p, states, u
-
-
-def _below_ground(vehicle, tick, dz=-0.02):
-    """Caller code that, in one vehicle (told by its x) before one tick, moves it below the ground."""
-    def edit(state, k):
-        hit = (jnp.abs(state.position[0] - 10.0 * vehicle) < 1.0) & (k == tick)
-        return state.replace(position=state.position.at[2].set(jnp.where(hit, dz, state.position[2])))
-    return edit
-
-
 @NEEDS_NATIVE
 def test_checked_native_run_stops_only_the_planted_vehicles_and_replays_them(tmp_path):
-    p, s0, u = _fleet()
+    p, s0, u = spread_fleet(F64, N, T)
     u = u.at[3, 5, 2].set(jnp.nan)  # vehicle 3: a NaN command at tick 5 -> the step breaks I4
     dt = 1e-3
     checked_cfg = qj.SimConfig(check="monitor", backend="native")
     checked = jax.jit(lambda s, u: qj.map_vehicles(
-        lambda s, u: qj.simulate(p, s, dt, commands=u, edit=_below_ground(6, 11), config=checked_cfg),
+        lambda s, u: qj.simulate(p, s, dt, commands=u, edit=below_ground_edit(6, 11), config=checked_cfg),
         (s, u), (0, 0)))(s0, u)
     # the production path: no hook, no edit, the whole horizon in one kernel call
     plain = jax.jit(lambda s, u: qj.map_vehicles(
@@ -395,11 +376,11 @@ def test_checked_native_run_stops_only_the_planted_vehicles_and_replays_them(tmp
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("plant", ["below_ground", "non_finite", None])
 def test_checkify_raises_naming_the_invariant_the_vehicle_and_the_tick(backend, plant):
-    p, s0, u = _fleet()
+    p, s0, u = spread_fleet(F64, N, T)
     vehicle, tick = 5, 7
     edit = None
     if plant == "below_ground":
-        edit = _below_ground(vehicle, tick)
+        edit = below_ground_edit(vehicle, tick)
     elif plant == "non_finite":
         u = u.at[vehicle, tick, 0].set(jnp.nan)
     cfg = qj.SimConfig(check="raise", backend=backend)
@@ -427,7 +408,7 @@ def test_checkify_raises_naming_the_invariant_the_vehicle_and_the_tick(backend, 
 
 
 def test_batched_arguments_without_vmap_raise_pointing_at_map_vehicles():
-    p, s0, u = _fleet()
+    p, s0, u = spread_fleet(F64, N, T)
     ps = p.replace(mass=jnp.full(N, float(p.mass)))
     one = jax.tree_util.tree_map(lambda x: x[0], s0)
     with pytest.raises(ValueError, match="map_vehicles"):
@@ -437,7 +418,7 @@ def test_batched_arguments_without_vmap_raise_pointing_at_map_vehicles():
 
 
 def test_concrete_invalid_params_raise_naming_the_field():
-    p, s0, u = _fleet()
+    p, s0, u = spread_fleet(F64, N, T)
     one = jax.tree_util.tree_map(lambda x: x[0], s0)
     bad = p.replace(mass=jnp.asarray(-1.0))  # not through QuadParams.create, which would refuse it
     with pytest.raises(ValueError, match="QuadParams.mass"):
@@ -449,7 +430,7 @@ def test_concrete_invalid_params_raise_naming_the_field():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("check", ["off", "monitor"])
 def test_invalid_params_under_vmap_are_flagged_and_stop_only_that_vehicle(backend, check):
-    p, s0, u = _fleet()
+    p, s0, u = spread_fleet(F64, N, T)
     masses = jnp.full(N, float(p.mass))
     bad = masses.at[2].set(-1.0)  # I1: mass must be > 0
     cfg = qj.SimConfig(backend=backend, check=check)

@@ -10,6 +10,7 @@ import pytest
 import quadjax as qj
 from quadjax.monitor import AFTER_STEP, BEFORE_STEP, describe, replay, write_repro
 from quadjax.status import PARAMS_INVALID, STATUS_IDS
+from tests.helpers import below_ground_edit, spread_fleet
 
 N, T = 8, 20
 CHECKED = qj.SimConfig(check="monitor")
@@ -20,36 +21,17 @@ def _batch(fn, args, in_axes=None):
     return qj.map_vehicles(fn, args, (0,) * len(args) if in_axes is None else in_axes)
 
 
-def _fleet(dtype):
-    p = qj.presets.rp1(dtype)
-    s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
-    states = jax.tree_util.tree_map(lambda x: jnp.stack([x] * N), s0)
-    # vehicle i starts at x = 10 i m: the caller's code below tells them apart by x
-    states = states.replace(position=states.position.at[:, 0].set(10.0 * jnp.arange(N, dtype=dtype)))
-    rng = np.random.default_rng(0)
-    u = qj.hover_rotor_speed(p) * jnp.asarray(1 + 0.03 * rng.standard_normal((N, T, 4)), dtype)
-    return p, states, u
-
-
-def _bad_edit(vehicle, tick, dz):
-    """Caller code that, in one vehicle (told by its x) before one command, moves it below the ground."""
-    def edit(state, k):
-        hit = (jnp.abs(state.position[0] - 10.0 * vehicle) < 1.0) & (k == tick)
-        return state.replace(position=state.position.at[2].set(jnp.where(hit, dz, state.position[2])))
-    return edit
-
-
 @pytest.fixture(scope="module", params=[jnp.float32, jnp.float64], ids=["float32", "float64"])
 def planted(request):
     """A checked fleet with two planted violations, and the unchecked run of the same fleet."""
     dtype = request.param
-    p, s0, u = _fleet(dtype)
+    p, s0, u = spread_fleet(dtype, N, T)
     u = u.at[3, 5, 2].set(jnp.nan)  # vehicle 3: a NaN command at step 5 -> the step breaks I4
     # the monitor runs on the backend that flies the vehicle: here XLA, checked against XLA's
     # fast open loop (tests/test_engine.py does the same on the native kernel)
     cfg = CHECKED.replace(backend="xla")
     checked = jax.jit(lambda s, u: _batch(
-        lambda s, u: qj.simulate(p, s, 1e-3, commands=u, edit=_bad_edit(6, 11, -0.02), config=cfg), (s, u)))(s0, u)
+        lambda s, u: qj.simulate(p, s, 1e-3, commands=u, edit=below_ground_edit(6, 11, -0.02), config=cfg), (s, u)))(s0, u)
     plain = jax.jit(lambda s, u: _batch(
         lambda s, u: qj.simulate(p, s, 1e-3, commands=u, config=qj.SimConfig(backend="xla")), (s, u)))(s0, u)
     assert checked.backend == plain.backend == "xla"
@@ -133,7 +115,7 @@ def test_seed_000_altimeter_bug_is_reported_before_the_step_that_would_take_it()
     "xla"])
 def test_replay_reproduces_a_recorded_violation_bit_for_bit(tmp_path, backend):
     dtype = jnp.float32
-    p, s0, u = _fleet(dtype)
+    p, s0, u = spread_fleet(dtype, N, T)
     wind = jnp.zeros((N, T, 3), dtype).at[2, 9, 0].set(jnp.nan)  # vehicle 2: a NaN gust at step 9
     cfg = CHECKED.replace(substeps=2, backend=backend)
     run = jax.jit(jax.vmap(lambda s, u, w: qj.simulate(p, s, 1e-3, commands=u, inputs=qj.Inputs(wind=w), config=cfg)))
@@ -162,7 +144,7 @@ def test_replay_reproduces_a_recorded_violation_bit_for_bit(tmp_path, backend):
 
 
 def test_invalid_parameters_of_one_vehicle_freeze_only_that_vehicle():
-    p, s0, u = _fleet(jnp.float64)
+    p, s0, u = spread_fleet(jnp.float64, N, T)
     masses = jnp.full(N, float(p.mass)).at[4].set(-1.0)  # I1: mass must be > 0
     ps = p.replace(mass=masses)
     axes = qj.vehicle_axes(ps, "mass")
