@@ -261,7 +261,7 @@ def _check_shapes(params: QuadParams, state0: QuadState, R: int):
                          f"map_vehicles): {err}") from None
 
 
-def _check_concrete(params: QuadParams, state0: QuadState, dt, config: SimConfig):
+def _check_concrete(params: QuadParams, state0: QuadState, dt):
     """Values that are concrete at trace time are checked here, with a message; traced ones
     become per-vehicle status codes (``config.check``) instead."""
     leaves = [*jax.tree_util.tree_leaves(params), dt]
@@ -364,7 +364,7 @@ def simulate(
         raise ValueError("hooks: expected Hook instances (quadjax.engine.Hook, Reduce, ...)")
     if not isinstance(config.integrator, str) and config.stepper not in STEPPERS.values() and wrench is not None:
         raise ValueError("inputs.wrench needs one of the library's steppers (euler, semi-implicit, rk4)")
-    _check_concrete(params, state0, dt, config)
+    _check_concrete(params, state0, dt)
     on_native = _use_native(config, R, dtype)
     backend = "native" if on_native else "xla"
     if config.check != "off":
@@ -386,9 +386,8 @@ def simulate(
             status_tick=jnp.where(ok, -1, 0).astype(jnp.int32), report=None, hooks=(), outputs=(),
             config=config, backend=backend)
 
-    if commands is not None:
-        policy, cs0 = _replay, None
-        per_tick = commands
+    if commands is not None:  # open loop: the controller that replays the commands
+        policy, cs0, per_tick = _replay, None, commands
     else:
         policy, cs0, per_tick = functools.partial(_closed_loop, controller, ctrl_params, observe), ctrl_state, None
     physics = _Physics(params, dt, config, on_native, R)
@@ -398,11 +397,13 @@ def simulate(
     return traj
 
 
-def _replay(cs, obs, t, u):
-    return u, cs
+def _replay(cs, state, t, u_k, params):
+    """The open-loop policy: this tick's row of ``commands``."""
+    return u_k, cs
 
 
-def _closed_loop(controller, ctrl_params, observe, cs, state, t, _, params):
+def _closed_loop(controller, ctrl_params, observe, cs, state, t, u_k, params):
+    """The closed-loop policy: ``controller`` on the observation (``u_k`` is None)."""
     obs = state if observe is None else observe(params, state, t)
     return controller(ctrl_params, cs, obs, t)
 
@@ -467,10 +468,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
         state = physics.view(c["x"])
         before = state if edit is None else edit(state, k)
         x_in = c["x"] if edit is None else physics.pack(before)
-        if u_k is not None:
-            command, cs1 = u_k, c["cs"]
-        else:
-            command, cs1 = policy(c["cs"], before, t, None, params)
+        command, cs1 = policy(c["cs"], before, t, u_k, params)
         command = jnp.asarray(command, dtype)
         x1 = physics.advance(x_in, command, wind_t, wrench_t)
         after = physics.view(x1)
