@@ -49,11 +49,14 @@ from quadjax import status as codes
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import STEPPERS, component_stepper, rk4_step
-from quadjax.params import QuadParams, check_params, params_valid
+from quadjax.params import QuadParams, check_params
+from quadjax.resolution import STABILITY, fixed_rate, start_code
 from quadjax.state import QuadState
 
 BACKENDS = ("auto", "xla", "native")
 CHECKS = ("off", "monitor", "raise")
+#: the dtypes a run may take (reduced precision is a characterisation, not a supported mode)
+DTYPES = (jnp.dtype("float32"), jnp.dtype("float64"))
 SAVE_FIELDS = ("state", "command")
 
 
@@ -141,7 +144,8 @@ class Tick(NamedTuple):
     params (state dtype); before: the state going into the tick's step (after ``edit``);
     command: (R,) [rad/s]; after: what the step produced; ctrl_state: the controller's state
     after the tick; wind, wrench: this tick's inputs or None; flying: () bool, False once the
-    vehicle has stopped (its tick is then computed and discarded).
+    vehicle has stopped (its tick is then computed and discarded); h: () the physics step,
+    dt / substeps [s].
     """
 
     k: jax.Array
@@ -154,6 +158,7 @@ class Tick(NamedTuple):
     wind: jax.Array | None
     wrench: jax.Array | None
     flying: jax.Array
+    h: jax.Array
 
 
 class Hook:
@@ -237,8 +242,9 @@ def _cast_inputs(params, state0, dt):
     if not isinstance(params, QuadParams):
         raise ValueError(f"params: expected a QuadParams, got {type(params).__name__}")
     dtype = jnp.result_type(state0.position)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"state0.position: dtype {dtype}, expected a float dtype")
+    if dtype not in DTYPES:
+        raise ValueError(f"state0.position: dtype {dtype}: quadjax runs in float32 or float64 (the state's "
+                         f"dtype sets the run's; build it with QuadState.create(..., dtype=))")
     R = params.rotor_spins.shape[-1] if jnp.ndim(params.rotor_spins) else 0
     _check_shapes(params, state0, R)
     state0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), state0)
@@ -247,6 +253,9 @@ def _cast_inputs(params, state0, dt):
 
 def _check_shapes(params: QuadParams, state0: QuadState, R: int):
     """Shapes of one vehicle (chex), so a batched argument passed unbatched fails here, by name."""
+    if jnp.shape(state0.rotor_speeds)[-1:] != (R,):
+        raise ValueError(f"simulate: state0.rotor_speeds has shape {jnp.shape(state0.rotor_speeds)} but the params "
+                         f"have {R} rotors (rotor_spins {jnp.shape(params.rotor_spins)}): one vehicle's state expected")
     try:
         chex.assert_shape([params.mass, params.k_f, params.motor_tau], ())
         chex.assert_shape(params.inertia, (3, 3))
@@ -261,9 +270,16 @@ def _check_shapes(params: QuadParams, state0: QuadState, R: int):
                          f"map_vehicles): {err}") from None
 
 
-def _check_concrete(params: QuadParams, state0: QuadState, dt):
+def stability_limit(config: SimConfig) -> float | None:
+    """The largest λ·h the run's stepper is stable at (:data:`quadjax.resolution.STABILITY`);
+    None for a stepper of the caller's."""
+    names = {fn: name for name, fn in STEPPERS.items()}
+    return STABILITY.get(names.get(config.stepper))
+
+
+def _check_concrete(params: QuadParams, state0: QuadState, dt, config: SimConfig):
     """Values that are concrete at trace time are checked here, with a message; traced ones
-    become per-vehicle status codes (``config.check``) instead."""
+    become per-vehicle status codes (:func:`quadjax.resolution.start_code`) instead."""
     leaves = [*jax.tree_util.tree_leaves(params), dt]
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return
@@ -273,6 +289,13 @@ def _check_concrete(params: QuadParams, state0: QuadState, dt):
         raise ValueError(f"simulate: invalid params: {err}") from None
     if not (float(dt) > 0 and np.isfinite(float(dt))):
         raise ValueError(f"simulate: dt = {float(dt)}: expected a finite time step > 0 [s]")
+    h, limit = float(dt) / config.substeps, stability_limit(config)
+    rate = float(fixed_rate(params))
+    if limit is not None and rate * h > limit:
+        raise ValueError(
+            f"simulate: step dt/substeps = {h:g} s is unstable for these params: their fastest rate "
+            f"(drag or gyroscopic coupling, quadjax.resolution.fixed_rate) is {rate:.4g} 1/s and "
+            f"{config.stepper.__name__} needs rate × step <= {limit:.3g}; use dt/substeps <= {limit / rate:.3g} s")
     if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(state0)):
         try:
             chex.assert_tree_all_finite(state0)
@@ -289,19 +312,25 @@ def _series(name, x, num_ticks, width, dtype):
     return x
 
 
+def why_not_native(config: SimConfig, rotors: int, dtype) -> str | None:
+    """Why a run with ``config``, ``rotors`` and ``dtype`` would not run its physics in the
+    native kernel (None: it would, unless ``backend="xla"``)."""
+    if config.stepper is not rk4_step:
+        return "it runs the library's RK4 only"
+    if not native.supports(rotors, dtype):
+        return f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
+    if jax.default_backend() != "cpu":
+        return "it is a CPU kernel"
+    if not native.available():
+        return native.unavailable_reason()
+    return None
+
+
 def _use_native(config: SimConfig, rotors: int, dtype) -> bool:
     """Whether the physics runs in the native kernel (``backend="native"`` insists)."""
     if config.backend == "xla":
         return False
-    why = None
-    if config.stepper is not rk4_step:
-        why = "it runs the library's RK4 only"
-    elif not native.supports(rotors, dtype):
-        why = f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
-    elif jax.default_backend() != "cpu":
-        why = "it is a CPU kernel"
-    elif not native.available():
-        why = native.unavailable_reason()
+    why = why_not_native(config, rotors, dtype)
     if why and config.backend == "native":
         raise ValueError(f"backend='native': not available here ({why})")
     return why is None
@@ -364,26 +393,28 @@ def simulate(
         raise ValueError("hooks: expected Hook instances (quadjax.engine.Hook, Reduce, ...)")
     if not isinstance(config.integrator, str) and config.stepper not in STEPPERS.values() and wrench is not None:
         raise ValueError("inputs.wrench needs one of the library's steppers (euler, semi-implicit, rk4)")
-    _check_concrete(params, state0, dt)
+    _check_concrete(params, state0, dt, config)
     on_native = _use_native(config, R, dtype)
     backend = "native" if on_native else "xla"
     if config.check != "off":
         from quadjax.monitor import Monitor
 
-        hooks = (Monitor(wind=wind is not None, wrench=wrench is not None),) + hooks
+        hooks = (Monitor(wind=wind is not None, wrench=wrench is not None, substeps=config.substeps,
+                         stability=stability_limit(config)),) + hooks
 
     if commands is not None and not hooks and edit is None:  # the fast open loop: no per-tick work
         final, states = _open_loop(params, state0, commands, dt, wind, wrench, config, on_native)
-        # invalid params (I1) are flagged (status 6) but flown: this bare open loop is what
-        # optimisers (sysid, MPC) differentiate, and freezing would zero their gradient the
-        # moment a step leaves the valid set. Anything with per-tick work stops them at t = 0.
-        ok = params_valid(params)
+        # invalid params (I1) or an unstable step are flagged (status 6, 10) but flown: this bare
+        # open loop is what optimisers (sysid, MPC) differentiate, and freezing would zero their
+        # gradient the moment a step leaves the valid set. Anything with per-tick work stops them
+        # at t = 0.
+        start = start_code(params, dt / config.substeps, stability_limit(config))
         saved = commands[config.save_every - 1::config.save_every] if config.save_every else None
         return Trajectory(
             final=final, states=states if "state" in config.save else None,
             commands=saved if "command" in config.save else None, ctrl_state=None,
-            status=jnp.where(ok, codes.OK, codes.PARAMS_INVALID).astype(jnp.int32),
-            status_tick=jnp.where(ok, -1, 0).astype(jnp.int32), report=None, hooks=(), outputs=(),
+            status=start, status_tick=jnp.where(start == codes.OK, -1, 0).astype(jnp.int32),
+            report=None, hooks=(), outputs=(),
             config=config, backend=backend)
 
     if commands is not None:  # open loop: the controller that replays the commands
@@ -414,6 +445,7 @@ class _Physics:
 
     def __init__(self, params, dt, config, on_native, R):
         self.params, self.dt, self.config, self.native, self.R = params, dt, config, on_native, R
+        self.h = dt / config.substeps
         if on_native:
             self.advance_native = _native_advance(params, dt, config.substeps)
         else:
@@ -452,12 +484,12 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
     """The tick scan with hooks: every closed loop, every checked or hooked run."""
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
-    ok = params_valid(params)  # I1: a vehicle with invalid params never flies
+    start = start_code(params, physics.h, stability_limit(config))  # such a vehicle never flies
+    ok = start == codes.OK
     R = physics.R
     carry0 = dict(
         x=physics.pack(state0), cs=cs0, flying=ok, u=jnp.zeros((R,), dtype),
-        status=jnp.where(ok, codes.OK, codes.PARAMS_INVALID).astype(jnp.int32),
-        status_tick=jnp.where(ok, -1, 0).astype(jnp.int32),
+        status=start, status_tick=jnp.where(ok, -1, 0).astype(jnp.int32),
         hooks=tuple(h.init(params, state0, dt) for h in hooks),
     )
     xs = (jnp.arange(num_ticks, dtype=jnp.int32), per_tick, wind, wrench)
@@ -473,7 +505,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
         x1 = physics.advance(x_in, command, wind_t, wrench_t)
         after = physics.view(x1)
         info = Tick(k=k, t=t, params=params, before=before, command=command, after=after, ctrl_state=cs1,
-                    wind=wind_t, wrench=wrench_t, flying=c["flying"])
+                    wind=wind_t, wrench=wrench_t, flying=c["flying"], h=physics.h)
         code = jnp.zeros((), jnp.int32)
         new_hooks, outputs = [], []
         for hook, hc in zip(hooks, c["hooks"]):

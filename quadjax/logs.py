@@ -25,7 +25,9 @@ column                  unit      meaning
 ======================  ========  ===============================================
 
 Logs in other conventions (NED, scalar-last quaternions, other motor orders,
-RPM) are converted before writing, with :mod:`quadjax.frames`.
+RPM) are converted before writing, with :mod:`quadjax.frames`. Loading refuses
+rotor speeds that cannot be rad/s magnitudes (:func:`check_rotor_speeds`):
+negative ones, and ones faster than any multirotor spins (RPM or eRPM fed as rad/s).
 
 The nano-drone benchmark (:func:`load_nanodrone`)
 -------------------------------------------------
@@ -41,6 +43,7 @@ pandas and pyarrow (``pip install quadjax[logs]``); the filters need scipy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -170,6 +173,66 @@ def stale_rows(*columns) -> np.ndarray:
     return np.concatenate([[False], same])
 
 
+# --- plausibility of rotor speeds ------------------------------------------------------
+
+#: [rad/s] no multirotor spins faster: the smallest props (~31 mm, r ≈ 15 mm) reach Mach 1 at the
+#: tip near 22 000 rad/s, and nothing flies with supersonic tips. Log speeds above it are in another
+#: unit (RPM is 9.55× the rad/s figure, eRPM more); a big vehicle's RPM can stay below it, which is
+#: what the params-aware check of ``quadjax.sysid.fit`` (``omega_max=``) is for.
+MAX_ROTOR_SPEED = 2.0e4
+
+#: with the params known, speeds above this many times omega_max are a unit error: measured speeds
+#: overshoot the command clamp a little, and a start guess may be tens of % off, but the smallest unit
+#: mistake (RPM for rad/s) is 9.55×
+OMEGA_MAX_FACTOR = 3.0
+
+#: measured speeds are magnitudes ≥ 0; sensor noise at standstill and a filter's ringing at a
+#: spin-up dip slightly below 0 (the real nano-drone flights: −9 rad/s of a 2 500 rad/s peak, 0.4 %).
+#: A log that signs speeds by spin direction dips to −peak.
+NEGATIVE_TOLERANCE = 0.05
+
+
+def check_rotor_speeds(speeds, source, *, columns=None, omega_max=None) -> None:
+    """``ValueError`` naming ``source`` (a file or a log), the column and the value where rotor
+    speeds (T, R) [rad/s] are negative beyond noise (more than :data:`NEGATIVE_TOLERANCE` of the
+    column's peak, and 1 rad/s) or too fast to be rad/s: above :data:`MAX_ROTOR_SPEED`, or above
+    :data:`OMEGA_MAX_FACTOR` × ``omega_max`` where the vehicle's params are known.
+
+    ``columns``: the names to report (default ``omega0 .. omega{R-1}``, the generic CSV's).
+    """
+    speeds = np.asarray(speeds, np.float64).reshape(np.shape(speeds)[0], -1)
+    columns = columns or [f"omega{i}" for i in range(speeds.shape[1])]
+    if omega_max is None:
+        limit, why = MAX_ROTOR_SPEED, f"faster than any multirotor's rotors ({MAX_ROTOR_SPEED:.0f} rad/s)"
+    else:
+        limit = OMEGA_MAX_FACTOR * float(omega_max)
+        why = f"over {OMEGA_MAX_FACTOR:g} × the params' omega_max ({float(omega_max):.6g} rad/s)"
+    for j, name in enumerate(columns):
+        col = speeds[:, j]
+        peak, low = float(np.max(np.abs(col))), float(np.min(col))
+        if low < -max(1.0, NEGATIVE_TOLERANCE * peak):
+            raise ValueError(f"{source}: column {name}: rotor speeds down to {low:.6g} rad/s; they must be "
+                             "magnitudes >= 0 (write the absolute values of speeds signed by spin direction)")
+        if float(np.max(col)) > limit:
+            raise ValueError(f"{source}: column {name}: rotor speeds up to {float(np.max(col)):.6g}, {why}: "
+                             "not rad/s? RPM → rad/s: quadjax.frames.rpm_to_rad_s (× 2π/60); eRPM: "
+                             "quadjax.logs.erpm_to_rad_s")
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    """Turn a failure to read or parse ``path`` into ``ValueError`` "<path>: <reason>"."""
+    try:
+        yield
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror or err})") from None
+    except ValueError as err:  # numpy's and pyarrow's parse errors (UnicodeDecodeError too)
+        text = str(err)
+        if text.startswith((f"{path}:", f"{path.name}:")):
+            raise
+        raise ValueError(f"{path}: {text}") from None
+
+
 # --- generic CSV ----------------------------------------------------------------------
 
 _REQUIRED = {
@@ -183,14 +246,24 @@ _REQUIRED = {
 def load_csv(path, name: str | None = None) -> FlightLog:
     """A :class:`FlightLog` from a CSV in the generic schema (module docstring). numpy only.
 
-    Raises ``ValueError`` naming a missing column, a NaN, or a non-uniform time grid.
+    Raises ``ValueError`` naming the file and the problem: unreadable, not numbers, a
+    missing or repeated column, a NaN, a non-uniform time grid, or rotor speeds that
+    are negative or not in rad/s (:func:`check_rotor_speeds`).
     """
     path = Path(path)
-    with open(path) as fh:
+    with _reading(path):
+        return _csv_log(path, name)
+
+
+def _csv_log(path: Path, name: str | None) -> FlightLog:
+    with open(path, encoding="utf-8") as fh:
         lines = [ln for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
     if len(lines) < 3:
         raise ValueError(f"{path}: need a header and at least 2 rows")
     header = [h.strip() for h in lines[0].split(",")]
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:
+        raise ValueError(f"{path}: column(s) {repeated} appear more than once")
     data = np.loadtxt(lines[1:], delimiter=",", ndmin=2)
     if data.shape[1] != len(header):
         raise ValueError(f"{path}: {len(header)} column names but {data.shape[1]} values per row")
@@ -212,6 +285,9 @@ def load_csv(path, name: str | None = None) -> FlightLog:
         return np.stack([col[h] for h in names], axis=1) if all(h in col for h in names) else None
 
     q = np.stack([col[h] for h in _REQUIRED["attitude"]], axis=1)
+    omega = group("omega")
+    if omega is not None:
+        check_rotor_speeds(omega, path)
     return FlightLog(
         name=name or path.stem,
         t=col["t"],
@@ -219,7 +295,7 @@ def load_csv(path, name: str | None = None) -> FlightLog:
         velocity=np.stack([col[h] for h in _REQUIRED["velocity"]], axis=1),
         attitude=q / np.linalg.norm(q, axis=1, keepdims=True),
         body_rates=np.stack([col[h] for h in _REQUIRED["body_rates"]], axis=1),
-        rotor_speeds=group("omega"),
+        rotor_speeds=omega,
         motor_commands=group("u"),
         specific_force=maybe(("ax", "ay", "az")),
         battery_voltage=col.get("vbat"),
@@ -396,11 +472,17 @@ def load_nanodrone(path, *, window: bool = True, align_motors: bool = True, filt
             and attitude stay consistent with each other; ``stale`` is computed
             on the raw rows either way.
 
-    Motor commands are kept normalised (0..1, 65535 counts = 1).
+    Motor commands are kept normalised (0..1, 65535 counts = 1). ``ValueError`` naming the
+    file where it cannot be read, lacks a column, or has implausible rotor speeds.
     """
     pd = _require_pandas()
     path = Path(path)
-    df = pd.read_parquet(path)
+    with _reading(path):
+        return _nanodrone_log(pd.read_parquet(path), path, window, align_motors, filtered)
+
+
+def _nanodrone_log(df, path: Path, window: bool, align_motors: bool, filtered: bool) -> FlightLog:
+    """:func:`load_nanodrone` on the read DataFrame ``df``."""
     cf = [f"m{i}" for i in range(1, 5)]
     state_cols = ["x", "y", "z", "vx", "vy", "vz", "qx", "qy", "qz", "qw", "wx", "wy", "wz"]
     for c in ["t"] + state_cols + [f"{m}_erpm" for m in cf]:
@@ -410,10 +492,13 @@ def load_nanodrone(path, *, window: bool = True, align_motors: bool = True, filt
     stale = stale_rows(*[raw[c] for c in ("x", "y", "z", "vx", "vy", "vz", "wx", "wy", "wz")])
     erpm = despike_erpm(_fill(df[[f"{m}_erpm" for m in cf]].to_numpy(np.float64)))
     omega = erpm_to_rad_s(erpm)
-    cmd = _fill(df[[f"{m}_thrust" for m in cf]].to_numpy(np.float64)) if f"{cf[0]}_thrust" in df else None
+    # checked before the low-pass filter: its ringing is ours, not the log's
+    check_rotor_speeds(omega, path, columns=[f"{m}_erpm" for m in cf])
+    thrust_cols = [f"{m}_thrust" for m in cf]
+    cmd = _fill(df[thrust_cols].to_numpy(np.float64)) if all(c in df for c in thrust_cols) else None
     q = quat_xyzw_to_wxyz(np.stack([raw[c] for c in ("qx", "qy", "qz", "qw")], axis=1))
     q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    acc = _fill(df[["ax", "ay", "az"]].to_numpy(np.float64)) if "ax" in df else None
+    acc = _fill(df[["ax", "ay", "az"]].to_numpy(np.float64)) if all(c in df for c in ("ax", "ay", "az")) else None
     vbat = _fill(df["Vbat"].to_numpy(np.float64)) if "Vbat" in df else None
 
     start, rows, lag = NANODRONE_RUNS.get(path.stem, (0, len(df), None))
@@ -470,6 +555,8 @@ def load_logs(paths, **kwargs) -> list[FlightLog]:
     for p in paths:
         p = Path(p)
         if p.is_dir():
+            if not os.access(p, os.R_OK | os.X_OK):  # glob would find nothing and hide why
+                raise ValueError(f"{p}: folder not readable")
             files = sorted(list(p.glob("*.parquet")) + list(p.glob("*.csv")))
             if not files:
                 raise ValueError(f"{p}: no .parquet or .csv logs in this folder")
@@ -482,8 +569,9 @@ def load_logs(paths, **kwargs) -> list[FlightLog]:
 
 
 __all__ = [
-    "FlightLog", "NANODRONE_LOWPASS_HZ", "NANODRONE_RUNS", "NANODRONE_TEST", "NANODRONE_TRAIN",
-    "despike_erpm", "erpm_to_rad_s", "estimate_motor_lag", "filter_log", "load_csv", "load_log", "load_logs",
+    "FlightLog", "MAX_ROTOR_SPEED", "NANODRONE_LOWPASS_HZ", "NANODRONE_RUNS", "NANODRONE_TEST",
+    "NANODRONE_TRAIN", "NEGATIVE_TOLERANCE", "OMEGA_MAX_FACTOR", "check_rotor_speeds", "despike_erpm",
+    "erpm_to_rad_s", "estimate_motor_lag", "filter_log", "load_csv", "load_log", "load_logs",
     "load_nanodrone", "lowpass", "lowpass_attitude", "nanodrone_dir", "quat_exp", "quat_log",
     "quat_xyzw_to_wxyz", "save_csv", "shift_rows", "stale_rows",
 ]

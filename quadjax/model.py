@@ -4,7 +4,7 @@ import jax.numpy as jnp
 
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax.mixer import allocation_matrix  # mixer does not import model: no cycle
-from quadjax.params import QuadParams
+from quadjax.params import QuadParams, float_dtype
 from quadjax.quadrotor import (
     body_wrench_c,
     effective_rotor_speeds_c,
@@ -84,6 +84,7 @@ def hover_rotor_speed(params: QuadParams):
 
 def hover_state(params: QuadParams, position=(0.0, 0.0, 0.0)) -> QuadState:
     """Level, still, airborne at ``position`` (3,) [m], rotors at hover speed, full battery."""
+    float_dtype(params.mass.dtype, "hover_state: params")  # the trim solve has no reduced-precision form
     w = hover_rotor_speed(params)
     dtype = w.dtype
     zero3 = jnp.zeros(3, dtype)

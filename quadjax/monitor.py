@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from typing import NamedTuple
 
 import jax
@@ -46,10 +44,12 @@ import numpy as np
 
 from quadjax import status as codes
 from quadjax._pytree import pytree_dataclass
+from quadjax.files import write_atomic
 from quadjax.engine import Hook, Inputs, SimConfig, Trajectory, expand_axes, simulate
 from quadjax.integrators import STEPPERS
 from quadjax.invariants import state_violation
-from quadjax.params import QuadParams, check_params, params_valid
+from quadjax.params import QuadParams, check_params
+from quadjax.resolution import STEP_BOUND, battery_rate, fixed_rate, rotor_transient_rate, start_code, state_rate, step_resolved
 from quadjax.state import QuadState
 
 #: phase of a violation: found on the state going into a step, or on the step's output
@@ -106,15 +106,18 @@ class Monitor(Hook):
 
     wind: bool = False  # whether the run has a wind / wrench input (recorded for replay)
     wrench: bool = False
+    substeps: int = 1  # physics steps per tick, and the stepper's stability limit (resolution.start_code)
+    stability: float | None = None
 
     def init(self, params, state0, dt):
         constant = jnp.asarray([not isinstance(x, jax.core.Tracer) for x in _const_probe(params, dt)])
         R = params.rotor_spins.shape[-1]
         dtype = state0.position.dtype
-        ok = params_valid(params)
+        start = start_code(params, dt / self.substeps, self.stability)
+        ok = start == codes.OK
         return MonitorReport(
             tick=jnp.where(ok, -1, 0).astype(jnp.int32),
-            code=jnp.where(ok, 0, codes.PARAMS_INVALID).astype(jnp.int32),
+            code=start,
             phase=jnp.where(ok, -1, BEFORE_STEP).astype(jnp.int32),
             state=state0, command=jnp.zeros((R,), dtype), after=state0,
             wind=jnp.zeros((3,), dtype) if self.wind else None,
@@ -125,6 +128,9 @@ class Monitor(Hook):
     def update(self, report: MonitorReport, tick):
         pre = state_violation(tick.params, tick.before)
         post = state_violation(tick.params, tick.after)
+        # a finite but unresolved step is reported after it, like a state it broke
+        resolved = step_resolved(tick.params, tick.before, tick.after, tick.command, tick.h, tick.wind)
+        post = jnp.where((post == 0) & ~resolved, codes.COARSE_STEP, post)
         fresh = (report.code == 0) & tick.flying
         broke_pre = fresh & (pre != 0)
         broke_post = fresh & (pre == 0) & (post != 0)
@@ -162,9 +168,11 @@ def _vehicle(tree, index, axes=0):
     return jax.tree_util.tree_map(pick, full, tree, is_leaf=lambda a: a is None)
 
 
-def _detail(code, state: QuadState, params: QuadParams) -> str:
+def _detail(code, state: QuadState, params: QuadParams, before: QuadState | None = None, command=None) -> str:
     """Which field broke and by how much (host side, numpy)."""
     name = codes.STATUS_IDS[code]
+    if name == "coarse_step":
+        return _coarse_detail(params, state if before is None else before, state, command)
     if name == "params_invalid":
         try:
             check_params(params)
@@ -196,6 +204,23 @@ def _detail(code, state: QuadState, params: QuadParams) -> str:
     return ""
 
 
+def _coarse_detail(params: QuadParams, before: QuadState, after: QuadState, command) -> str:
+    """The rate that made the step too long, and the longest step that resolves it."""
+    rates = {"drag or gyroscopic coupling of the params": float(fixed_rate(params)),
+             "the body rates or the quadratic drag": max(float(state_rate(params, before)),
+                                                         float(state_rate(params, after)))}
+    if command is not None:
+        command = jnp.asarray(command)
+        rates["a rotor transient faster than the step (motor_tau)"] = float(
+            rotor_transient_rate(params, before, command))
+        rates["the battery sag (power / capacity)"] = float(battery_rate(params, before, command))
+    which, rate = max(rates.items(), key=lambda kv: kv[1] if np.isfinite(kv[1]) else np.inf)
+    if not np.isfinite(rate) or rate <= 0:
+        return "the step's rates are not finite"
+    return (f"the fastest rate, from {which}, is {rate:.4g} 1/s; a step resolves it only if "
+            f"rate × step <= {STEP_BOUND} (dt/substeps <= {STEP_BOUND / rate:.3g} s)")
+
+
 def _component(field, i, size):
     names = {3: "xyz", 4: "wxyz"}.get(size)
     if size == 1:
@@ -224,7 +249,7 @@ def describe(report: MonitorReport, params: QuadParams, vehicle: int | None = No
         where = "before" if int(r.phase) == BEFORE_STEP else "after"
         head = "" if v is None else f"vehicle {v}: "
         lines.append(
-            f"{head}{codes.describe_code(c)} {where} step {int(r.tick)}: {_detail(c, which, p)}"
+            f"{head}{codes.describe_code(c)} {where} step {int(r.tick)}: {_detail(c, which, p, r.state, r.command)}"
         )
     return "\n".join(lines)
 
@@ -287,16 +312,8 @@ def write_repro(path, run: Trajectory, params: QuadParams, dt, *, vehicle: int |
         step=_integrator_name(run.config), backend=run.backend, dtype=str(dtype), description=describe(r, p),
     )
     arrays["meta"] = np.asarray(json.dumps(meta))
-    path = str(path)
-    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    write_atomic(path, lambda f: np.savez(f, **arrays))
+    return str(path)
 
 
 class Replay(NamedTuple):
@@ -348,7 +365,11 @@ def replay(path) -> Replay:
     """
     meta, params, state, command, dt, wind, wrench, recorded = load_repro(path)
     names = [f.name for f in dataclasses.fields(params)]
-    fixed = dict(zip(names + ["dt"], meta["constant"]))
+    # a violation found before any step (I1, an unstable step at the start, a bad edit) computes
+    # nothing to compare bit for bit: trace every param, so that the engine judges them as it
+    # did in the run (concrete invalid params would be refused with an error instead)
+    before = meta["phase"] == "before"
+    fixed = dict(zip(names + ["dt"], [c and not before for c in meta["constant"]]))
     traced = {k: v for k, v in zip(names + ["dt"], _const_probe(params, dt)) if not fixed[k]}
     config = SimConfig(integrator=meta["step"], substeps=meta["substeps"], backend=meta.get("backend", "xla"),
                        check="monitor", save_every=0)

@@ -87,13 +87,14 @@ class QuadParams:
         """Checked constructor. Raises ``ValueError`` naming the first bad field.
 
         ``inertia`` may be given as its diagonal (3,); ``drag_*`` and ``wind``
-        as scalars (broadcast to 3 axes). ``dtype`` defaults to JAX's default
-        float (float32 unless x64 is enabled by the caller).
+        as scalars (broadcast to 3 axes). ``dtype`` (float32 or float64) defaults to JAX's
+        default float (float32 unless x64 is enabled by the caller). The checks run on the
+        values as cast to it: ``k_f = 1e-50`` is 0 in float32, and refused there.
         """
         raw = dict(locals())
         raw.pop("cls")
         raw.pop("dtype")
-        dtype = jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype
+        dtype = float_dtype(dtype if dtype is not None else jnp.zeros(()).dtype, "QuadParams.create")
         values = {}
         for name, value in raw.items():
             try:
@@ -106,7 +107,12 @@ class QuadParams:
                 arr = np.full(3, float(arr))
             values[name] = arr
         _raise_on_bad(values)
-        return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in values.items()})
+        cast = {k: np.asarray(v, dtype) for k, v in values.items()}
+        for name, ok in _value_checks({k: v.astype(np.float64) for k, v in cast.items()}, np).items():
+            if not np.all(ok):  # representable in float64, not in the target dtype (k_f = 1e-50 → 0)
+                raise ValueError(f"QuadParams.{name} = {values[name].tolist()} is {cast[name].tolist()} in {dtype}: "
+                                 f"must be {_BOUNDS.get(name, 'finite and >= 0')} there (use float64)")
+        return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in cast.items()})
 
     @property
     def num_rotors(self) -> int:
@@ -114,8 +120,25 @@ class QuadParams:
         return self.rotor_spins.shape[-1]
 
     def astype(self, dtype) -> "QuadParams":
-        """The same parameters in another float dtype."""
+        """The same parameters in another float dtype (float32 or float64)."""
+        dtype = float_dtype(dtype, "QuadParams.astype")
         return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), self)
+
+
+#: the dtypes quadjax computes in; reduced precision (float16, bfloat16) is not a supported
+#: mode: rp1's capacity is inf and k_p 0 in float16, and a bfloat16 energy stalls at 64 J
+FLOAT_DTYPES = (np.dtype("float32"), np.dtype("float64"))
+
+
+def float_dtype(dtype, where: str) -> np.dtype:
+    """``dtype`` as a numpy dtype if it is float32 or float64, else a ValueError naming ``where``."""
+    try:
+        d = np.dtype(jnp.dtype(dtype))
+    except TypeError:
+        raise ValueError(f"{where}: dtype {dtype!r} is not a dtype; use float32 or float64") from None
+    if d not in FLOAT_DTYPES:
+        raise ValueError(f"{where}: dtype {d}: quadjax computes in float32 or float64 only")
+    return d
 
 
 _VECTOR3 = ("drag_linear", "drag_quadratic", "drag_rotational", "wind")

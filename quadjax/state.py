@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from quadjax._pytree import pytree_dataclass
+from quadjax.params import float_dtype
 
 
 @pytree_dataclass
@@ -46,7 +47,7 @@ class QuadState:
         dtype=None,
     ) -> "QuadState":
         """A state from array-likes, at rest at the origin by default."""
-        dtype = jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype
+        dtype = float_dtype(dtype if dtype is not None else jnp.zeros(()).dtype, "QuadState.create")
         fields = dict(
             position=position, velocity=velocity, attitude=attitude, body_rates=body_rates,
             rotor_speeds=rotor_speeds, energy=energy, on_ground=on_ground,

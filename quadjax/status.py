@@ -14,19 +14,24 @@ vehicle stops it (the engine freezes it at its state before that tick).
     7     ground             —               the sweep's crash rules (touched down while the reference is aloft)
     8     tilt               —               the sweep's crash rules (tilt beyond max_tilt_deg)
     9     lost               —               the sweep's crash rules (tracking error beyond max_error)
+    10    coarse_step        —               the engine, at t = 0 (the step makes the stepper unstable on
+                                             the params' own rates), or the monitor (a step too long for the
+                                             dynamics: rate × step > 0.5, :mod:`quadjax.resolution`)
 
 Codes 1–5 are :data:`quadjax.invariants.INVARIANT_IDS` (``state_violation`` returns them).
 """
 
 from quadjax.invariants import INVARIANT_IDS
 
-STATUS_IDS = INVARIANT_IDS + ("params_invalid", "ground", "tilt", "lost")
+STATUS_IDS = INVARIANT_IDS + ("params_invalid", "ground", "tilt", "lost", "coarse_step")
 OK = 0
-PARAMS_INVALID, GROUND, TILT, LOST = (STATUS_IDS.index(n) for n in ("params_invalid", "ground", "tilt", "lost"))
+PARAMS_INVALID, GROUND, TILT, LOST, COARSE_STEP = (
+    STATUS_IDS.index(n) for n in ("params_invalid", "ground", "tilt", "lost", "coarse_step"))
 #: the seed's invariant number of each code ("" for codes that are not invariants)
-INVARIANT_NUMBERS = ("", "I4", "I2", "I3", "I3", "I5", "I1", "", "", "")
-#: codes that are invariant violations (I1 parameters, I2–I5 state)
-VIOLATION_CODES = tuple(range(1, len(INVARIANT_IDS))) + (PARAMS_INVALID,)
+INVARIANT_NUMBERS = ("", "I4", "I2", "I3", "I3", "I5", "I1", "", "", "", "")
+#: codes the monitor reports: invariant violations (I1 parameters, I2–I5 state) and a step
+#: that does not resolve the dynamics (the result would be finite but wrong)
+VIOLATION_CODES = tuple(range(1, len(INVARIANT_IDS))) + (PARAMS_INVALID, COARSE_STEP)
 
 assert len(INVARIANT_NUMBERS) == len(STATUS_IDS)
 

@@ -13,20 +13,26 @@ lanes, runs the whole horizon in one call and spreads vehicles over XLA's intra-
 thread pool.
 
 The kernel is compiled on first use with the system C++ compiler (``$CXX``, else
-``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached in
-``$QUADJAX_CACHE_DIR`` (default ``~/.cache/quadjax``, else the temp dir) under a hash of the source,
-the compiler, the flags and the jaxlib version. Without a compiler, or with
-``QUADJAX_NATIVE=0``, :func:`available` is False and everything runs on XLA.
+``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached per user in
+:func:`cache_dir` (``$QUADJAX_CACHE_DIR``, default ``~/.cache/quadjax``) under a hash of the
+source, the compiler, the flags and the jaxlib version, with its sha256 beside it. Loading a
+library runs its code, so a cached one is loaded only if :func:`trust_problem` finds nothing
+wrong (private folder and file, digest equal); otherwise it is rebuilt once. A cache folder
+that is not private or not writable is not used: the kernel is built in a fresh private
+temporary folder instead, with a warning. Without a compiler, or with ``QUADJAX_NATIVE=0``,
+:func:`available` is False and everything runs on XLA (a warning, once).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -36,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from quadjax.files import write_atomic
 from quadjax.params import QuadParams
 from quadjax.state import QuadState
 
@@ -53,54 +60,133 @@ _FIXED = ("mass", "inertia", "k_f", "k_m", "motor_tau", "omega_min", "omega_max"
           "battery_sag", "ground_z", "gravity", "wind")
 
 
-def _cache_dirs() -> list[Path]:
-    """Where the built kernel may live: $QUADJAX_CACHE_DIR or ~/.cache/quadjax, then the temp dir."""
-    first = Path(os.environ.get("QUADJAX_CACHE_DIR") or Path.home() / ".cache" / "quadjax")
-    return [first, Path(tempfile.gettempdir()) / "quadjax"]
-
-
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
 
 
-def _build() -> Path:
-    """Compile rollout.cc (once per source, compiler, flags and jaxlib) and return the library."""
-    cxx = _compiler()
+def kernel_filename(cxx: str | None = None) -> str:
+    """The cached library's file name: a hash of everything its bytes depend on (source,
+    compiler and its version, flags, jax, machine)."""
+    cxx = cxx or _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, c++, g++, clang++)")
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    done = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{cxx} --version failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     key = hashlib.sha256(
-        SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()
+        SOURCE.read_bytes() + done.stdout.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
-    name = f"quadjax_native_{key}.so"
-    for folder in _cache_dirs():
-        if (folder / name).exists():
-            return folder / name
-    errors = []
-    for folder in _cache_dirs():  # a read-only home falls back to the temp dir
-        try:
-            return _compile(cxx, folder / name)
-        except OSError as e:
-            errors.append(f"{folder}: {e}")
-    raise RuntimeError("cannot write the kernel: " + "; ".join(errors))
+    return f"quadjax_native_{key}.so"
+
+
+def cache_dir() -> Path:
+    """The per-user kernel cache: ``$QUADJAX_CACHE_DIR``, else ``~/.cache/quadjax``.
+
+    Never a shared folder: a library found there would run its code in this process
+    (a predictable name in ``/tmp`` is an invitation to plant one)."""
+    return Path(os.environ.get("QUADJAX_CACHE_DIR") or Path.home() / ".cache" / "quadjax")
+
+
+def _digest_path(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _private(path: Path, kind: str) -> str | None:
+    """Why ``path`` is not ours alone (None when it is): it must be a real ``kind`` ("file"
+    or "folder", not a link), owned by this user, and not writable by group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
+    if not is_kind:
+        return f"{path}: not a regular {kind}"
+    if st.st_uid != os.geteuid():
+        return f"{path}: owned by uid {st.st_uid}, not this user ({os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"{path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def trust_problem(lib: Path) -> str | None:
+    """Why the cached library ``lib`` must not be loaded (None when it may be).
+
+    Loading runs the library's code, so it must be ours: its folder and it are private
+    (:func:`_private`), and its sha256 equals the digest recorded beside it when it was built
+    (a truncated or overwritten file fails here, before ``dlopen`` could crash on it)."""
+    for path, kind in ((lib.parent, "folder"), (lib, "file"), (_digest_path(lib), "file")):
+        why = _private(path, kind)
+        if why:
+            return why
+    recorded = _digest_path(lib).read_text().strip()
+    if _sha256(lib) != recorded:
+        return f"{lib}: sha256 differs from the digest recorded at build time (damaged or replaced)"
+    return None
+
+
+def _usable_cache() -> tuple[Path, str | None]:
+    """The cache folder (created 0700 if absent), or a fresh private temp folder and the
+    reason the cache could not be used."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = _private(folder, "folder") or (None if os.access(folder, os.W_OK) else f"{folder}: not writable")
+    except OSError as err:
+        why = f"{folder}: {err.strerror or err}"
+    if why is None:
+        return folder, None
+    # mkdtemp: a new folder with mode 0700 and an unpredictable name, used by this process only
+    private = tempfile.mkdtemp(prefix="quadjax-native-")
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    return Path(private), (f"cache folder not used ({why}); built in the private folder {private} for this "
+                           f"process only; set QUADJAX_CACHE_DIR to a folder of your own to keep the kernel")
 
 
 def _compile(cxx: str, lib: Path) -> Path:
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    # build beside the target and rename: concurrent processes (pytest -n) never see half a file
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-    os.close(fd)
-    try:
-        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", "-o", tmp, str(SOURCE)]
+    """Compile into a private temporary folder, then write the library and its digest into the
+    cache atomically (:func:`quadjax.files.write_atomic`): a concurrent process (pytest -n) or
+    a crash never leaves half a library under ``lib``; the digest goes first, so a library
+    without its own digest is never trusted."""
+    with tempfile.TemporaryDirectory(prefix="quadjax-build-") as build:
+        out = Path(build) / lib.name
+        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", "-o", str(out), str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-        os.replace(tmp, lib)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+        data = out.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    write_atomic(_digest_path(lib), lambda f: f.write((digest + "\n").encode()), mode=0o600)
+    return write_atomic(lib, lambda f: f.write(data), mode=0o700)
+
+
+def _register(lib: Path) -> None:
+    handle = ctypes.CDLL(str(lib))
+    for name in _target_names():
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
+
+
+def _build_and_register(notes: list) -> None:
+    """Load the cached kernel if it is trusted, else (re)build it, at most once. What the
+    user should hear about the cache (not used, not trusted, rebuilt) goes into ``notes``."""
+    cxx = _compiler()
+    name = kernel_filename(cxx)
+    folder, note = _usable_cache()
+    notes += [note] if note else []
+    lib = folder / name
+    if os.path.lexists(lib):
+        why = trust_problem(lib)
+        if why is None:
+            try:
+                return _register(lib)
+            except (OSError, AttributeError) as err:  # ours but unloadable (e.g. another libc)
+                why = f"{lib} did not load ({err})"
+        notes.append(f"not loading the cached kernel: {why}; rebuilding it")
+    _register(_compile(cxx, lib))
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,13 +194,15 @@ def _load() -> str | None:
     """Build, load and register the kernels; the reason they are unavailable, or None."""
     if os.environ.get("QUADJAX_NATIVE", "1") == "0":
         return "disabled by QUADJAX_NATIVE=0"
+    notes: list = []
     try:
-        lib = ctypes.CDLL(str(_build()))
-        for name in _target_names():
-            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+        _build_and_register(notes)
     except Exception as e:  # noqa: BLE001 — any failure means: use XLA, and say why once
-        warnings.warn(f"quadjax: native CPU kernel unavailable, using XLA ({e})", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"quadjax: native CPU kernel unavailable, using XLA ({'; '.join(notes + [str(e)])})",
+                      RuntimeWarning, stacklevel=3)
         return str(e)
+    if notes:
+        warnings.warn(f"quadjax: native kernel cache: {'; '.join(notes)}", RuntimeWarning, stacklevel=3)
     return None
 
 

@@ -10,6 +10,8 @@ come from a TOML file (``--config``), a named option, or ``--set key=value``
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
 import time
 
@@ -44,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any setting by its dotted name, e.g. mission.duration=5 (repeatable)")
     p.add_argument("--out", default="results/sweep", metavar="DIR", help="results folder (default results/sweep)")
-    p.add_argument("--overwrite", action="store_true", help="replace a different sweep already in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a different sweep already in --out "
+                   "(only the sweep's own files are deleted)")
+    p.add_argument("--force", action="store_true", help="run even past the size budget (vehicle-ticks, memory, disk)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     p.add_argument("--print-config", action="store_true", help="print the resolved settings as TOML and exit")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -99,27 +103,28 @@ def _describe(config) -> str:
     return "\n".join(lines)
 
 
-def sweep_main(argv: list[str]) -> int:
-    """Entry point of ``quadjax sweep``; returns the exit code."""
-    args = _parser().parse_args(argv)
-    try:
-        config = build_config(args)
-    except ValueError as err:
-        print(f"quadjax sweep: error: {err}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        from quadjax.sweep.config import to_toml
+class _Stopped(BaseException):
+    """SIGTERM, raised in the main thread like SIGINT's KeyboardInterrupt (not an Exception:
+    nothing on the way may swallow it; the store's finally-blocks remove temporaries and
+    release the lock on the way out)."""
 
-        print(to_toml(config.resolved), end="")
-        return 0
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
-    from quadjax.sweep.runner import run_sweep
-    from quadjax.sweep.stats import format_table
 
-    started = time.perf_counter()
+def _raise_stopped(signum, frame):
+    raise _Stopped(signum)
+
+
+def _progress(args, state: dict):
+    """The progress printer; it also keeps in ``state`` what the stop message needs."""
 
     def progress(e):
-        if args.quiet:
+        state.update(chunks=e["chunks"], done=e.get("chunks_done", state.get("done", 0)))
+        if e["phase"] == "repair":  # shown even with --quiet: a file was removed
+            print(f"  {e['note']}", file=sys.stderr, flush=True)
+        if args.quiet or e["phase"] == "repair":
             return
         if e["phase"] == "compiled":
             resumed = f", resuming with {e['vehicles_done']} done" if e["vehicles_done"] else ""
@@ -128,12 +133,80 @@ def sweep_main(argv: list[str]) -> int:
             print(f"  chunk {e['chunk']}/{e['chunks']}: {e['vehicles_done']}/{e['vehicles']} vehicles, "
                   f"{e['elapsed_s']:.1f} s", file=sys.stderr, flush=True)
 
-    print(_describe(config))
+    return progress
+
+
+def _stop_message(out: str, state: dict) -> str:
+    """The line printed on SIGINT/SIGTERM. The chunk files on disk are what a rerun finds: a
+    signal between a chunk's rename and its progress report must not make the count lag."""
+    from pathlib import Path
+
+    done, chunks = state.get("done"), state.get("chunks")
+    folder = Path(out) if out else None
+    if folder is not None and (folder / "chunks").is_dir():
+        done = len(list((folder / "chunks").glob("chunk_*.npz")))
+        if chunks is None:
+            try:
+                chunks = json.loads((folder / "manifest.json").read_text())["num_chunks"]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+    if chunks is None:
+        return "quadjax sweep: stopped before the first chunk; rerun the same command to resume"
+    return f"quadjax sweep: stopped after chunk {done or 0} of {chunks}; rerun the same command to resume"
+
+
+def _error(err: BaseException) -> int:
+    """One line, ``quadjax sweep: error: <path>: <reason>``, and exit code 2."""
+    if isinstance(err, OSError) and err.filename is not None:
+        text = f"{err.filename}: {err.strerror or err}"
+    else:
+        text = str(err)
+    print(f"quadjax sweep: error: {text}", file=sys.stderr)
+    return 2
+
+
+def sweep_main(argv: list[str]) -> int:
+    """Entry point of ``quadjax sweep``; returns the exit code (2 for an error, 128 + the
+    signal number after SIGINT or SIGTERM: 130, 143)."""
+    args = _parser().parse_args(argv)
     try:
-        result = run_sweep(config, args.out, overwrite=args.overwrite, progress=progress, plots=not args.no_plots)
+        config = build_config(args)
     except ValueError as err:
-        print(f"quadjax sweep: error: {err}", file=sys.stderr)
-        return 2
+        return _error(err)
+    if args.print_config:
+        from quadjax.sweep.config import to_toml
+
+        print(to_toml(config.resolved), end="")
+        return 0
+    state: dict = {}
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        return _run(args, config, state)
+    except KeyboardInterrupt:
+        print(_stop_message(args.out, state), file=sys.stderr)
+        return 128 + signal.SIGINT
+    except _Stopped as stop:
+        print(_stop_message(args.out, state), file=sys.stderr)
+        return 128 + stop.signum
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args, config, state: dict) -> int:
+    from quadjax.sweep.runner import run_sweep
+    from quadjax.sweep.stats import format_table
+
+    started = time.perf_counter()
+    print(_describe(config), flush=True)
+    try:
+        result = run_sweep(config, args.out, overwrite=args.overwrite, progress=_progress(args, state),
+                           plots=not args.no_plots, force=args.force)
+    except (ValueError, OSError) as err:
+        return _error(err)
     t = result.summary["timings_s"]
     n, ticks = config.vehicles, config.num_ticks
     print()

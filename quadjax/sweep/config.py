@@ -214,12 +214,24 @@ class SweepConfig:
         """A new config with ``settings`` (dotted keys, e.g. ``{"mission.duration": 5.0}``) applied."""
         return from_dict(merge(self.resolved, overrides_to_dict(settings)))
 
-    def hash(self, versions: dict) -> str:
-        """What identifies the sweep's results: every setting except ``chunk_size`` (results do
-        not depend on it; they do, to the last bit, on ``block_size``), plus the package versions."""
-        body = {k: v for k, v in self.resolved.items() if k != "chunk_size"}
-        text = json.dumps({"config": body, "versions": versions}, sort_keys=True)
+    def hash(self, versions: dict | None = None) -> str:
+        """What identifies the sweep's results: every checked setting except ``chunk_size``
+        (results do not depend on it; they do, to the last bit, on ``block_size``), plus
+        ``versions`` (the rest of the identity: package versions, backend, …). It hashes the
+        checked values, not the user's text: ``duration = 10`` and ``10.0`` (the checks cast
+        both to float), ``sigma = 1`` and ``[1, 1, 1]``, or the numbers of a table that is
+        switched off are the same sweep."""
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("resolved", "chunk_size")}
+        body = json.loads(json.dumps(body, default=_plain))  # dataclasses (RandomSpec, …) as tables
+        text = json.dumps({"config": body, "versions": versions or {}}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _plain(x):
+    if dataclasses.is_dataclass(x):
+        return dataclasses.asdict(x)
+    raise TypeError(f"config: cannot hash a {type(x).__name__}")
 
 
 def from_dict(user: dict) -> SweepConfig:
@@ -350,15 +362,26 @@ def _trajectory(t: dict, duration: float) -> dict:
 
 
 def load(path) -> SweepConfig:
-    """A config from a TOML file (merged over the defaults)."""
+    """A config from a TOML file (merged over the defaults); a one-line ValueError
+    ``<path>: <reason>`` when the file cannot be read as TOML."""
     try:
         with open(path, "rb") as f:
             user = tomllib.load(f)
     except FileNotFoundError:
-        raise ValueError(f"config: file {str(path)!r} not found") from None
+        raise ValueError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a folder, not a TOML config file") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the config file ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:  # tomllib decodes the whole file first: a binary file lands here
+        raise ValueError(f"{path}: not a TOML config file (not UTF-8 text: byte {err.object[err.start]:#04x} "
+                         f"at offset {err.start})") from None
     except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"config: {path} is not valid TOML: {err}") from None
-    return from_dict(user)
+        raise ValueError(f"{path}: not valid TOML ({err})") from None
+    try:
+        return from_dict(user)
+    except ValueError as err:  # a bad key or value: say which file it is in
+        raise ValueError(f"{path}: {err}") from None
 
 
 def parse_value(text: str):

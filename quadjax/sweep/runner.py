@@ -42,7 +42,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ from quadjax import control as C
 from quadjax import presets
 from quadjax import status as codes
 from quadjax._pytree import pytree_dataclass
-from quadjax.engine import Hook, Inputs, SimConfig, map_vehicles, simulate
+from quadjax.engine import Hook, Inputs, SimConfig, map_vehicles, simulate, why_not_native
 from quadjax.invariants import state_violation
 from quadjax.mixer import mixer_params_from
 from quadjax.sweep import stats as S
@@ -364,50 +366,169 @@ class SweepResult:
     out_dir: Path | None
 
 
-def _versions() -> dict:
+def physics_backend(config: SweepConfig, rotors: int) -> tuple[str, str | None]:
+    """("native" or "xla", why not native): where the engine (``backend="auto"``) will run this
+    sweep's physics, by the rules of :func:`quadjax.simulate` (the tests check the two agree).
+    The two backends agree to rounding, not bit for bit: a sweep is one or the other."""
+    why = why_not_native(SimConfig(integrator=config.stepper), rotors, config.dtype)
+    return ("xla", why) if why else ("native", None)
+
+
+def sweep_identity(config: SweepConfig, nominal) -> tuple[dict, dict]:
+    """(versions, reasons): what a sweep's numbers depend on beyond its config (package
+    versions, physics backend, platform, dtype), and why the backend is what it is (for
+    the message when a resume would mix backends)."""
     import quadjax
 
-    return {"quadjax": getattr(quadjax, "__version__", "0.1.0"), "jax": jax.__version__}
+    backend, why = physics_backend(config, nominal.rotor_positions.shape[0])
+    versions = {"quadjax": quadjax.__version__, "jax": jax.__version__, "jaxlib": _jaxlib_version(),
+                "backend": backend, "platform": jax.default_backend(), "dtype": config.dtype}
+    return versions, ({"backend": why} if why else {})
+
+
+def _jaxlib_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jaxlib")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- size budget
+
+#: refused past these unless forced (``run_sweep(force=True)``, ``quadjax sweep --force``):
+#: 2e10 vehicle-ticks is about 2 h of flight on a 2-core machine (≈ 330 ns per vehicle-tick)
+MAX_VEHICLE_TICKS = 2e10
+#: kept trajectories plus per-vehicle arrays, one copy (the chunks and the final files are two on disk)
+MAX_RESULTS_BYTES = 2e9
+#: per-vehicle outputs of :func:`fly_vehicle` besides the parameters, plus vehicle_index
+_PER_VEHICLE_OUTPUTS = 11
+
+
+def estimate(config: SweepConfig, nominal=None) -> dict:
+    """What the sweep will cost, computed before anything is compiled: ``vehicle_ticks``;
+    ``results_bytes`` (kept trajectories and per-vehicle arrays, one copy); ``disk_bytes``
+    (chunks plus final files); ``memory_bytes`` (the larger of one compiled call, which
+    holds every tick of its block's kept outputs and gusts, and the aggregation, which
+    holds the results twice)."""
+    if nominal is None:
+        nominal = presets.get(config.preset)
+    item = np.dtype(config.dtype).itemsize
+    ticks, vehicles = config.num_ticks, config.vehicles
+    per_tick = 4 * item + 1  # a kept trajectory: position (3), error (1), alive (bool)
+    kept = min(config.keep_trajectories, vehicles) * ticks * per_tick
+    params = sum(int(np.size(getattr(nominal, f))) for f in config.random.varied_fields)
+    per_vehicle = vehicles * (_PER_VEHICLE_OUTPUTS + params) * 8
+    lanes = min(config.block_size, vehicles) * len(jax.local_devices())
+    in_call = lanes * ticks * ((per_tick if config.keep_trajectories else 0) + (3 * item if config.gusts else 0))
+    results = kept + per_vehicle
+    return {"vehicle_ticks": vehicles * ticks, "results_bytes": results, "disk_bytes": 2 * results,
+            "memory_bytes": max(in_call, 2 * results)}
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def check_size(config: SweepConfig, nominal=None) -> dict:
+    """:func:`estimate`, or a one-line ValueError with the estimate if the sweep is past the
+    budget (an absurd size is far more often a typo than a plan)."""
+    e = estimate(config, nominal)
+    free = _available_memory()
+    over = []
+    if e["vehicle_ticks"] > MAX_VEHICLE_TICKS:
+        over.append(f"{e['vehicle_ticks']:.3g} vehicle-ticks (budget {MAX_VEHICLE_TICKS:.0e})")
+    if e["results_bytes"] > MAX_RESULTS_BYTES:
+        over.append(f"{_gb(e['results_bytes'])} of results, {_gb(e['disk_bytes'])} on disk "
+                    f"(budget {_gb(MAX_RESULTS_BYTES)}; fewer vehicles, a shorter mission or a smaller --keep)")
+    if free is not None and e["memory_bytes"] > free:
+        over.append(f"{_gb(e['memory_bytes'])} of memory at the peak, {_gb(free)} available "
+                    f"(fewer vehicles, a shorter mission, a smaller --block-size or --keep)")
+    if over:
+        size = f"{config.vehicles} × {config.num_ticks} ticks = {e['vehicle_ticks']:.3g} vehicle-ticks"
+        raise ValueError(f"sweep too large ({size}): {'; '.join(over)}; pass --force "
+                         f"(run_sweep(force=True)) to run it anyway")
+    return e
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+# --------------------------------------------------------------------------- the sweep
 
 
 def run_sweep(config: SweepConfig, out_dir=None, *, overwrite: bool = False, progress=None,
-              plots: bool = True) -> SweepResult:
+              plots: bool = True, force: bool = False) -> SweepResult:
     """Run (or resume) the sweep ``config`` describes.
 
-    out_dir: results folder (see :mod:`quadjax.sweep.store`); None keeps everything in
-        memory (no resume). progress: optional ``callback(dict)`` after compilation and
-        after each chunk (keys: phase, chunk, chunks, vehicles_done, vehicles, elapsed_s).
+    out_dir: results folder (see :mod:`quadjax.sweep.store`), locked for the run; None keeps
+        everything in memory (no resume). progress: optional ``callback(dict)`` after
+        compilation, after each chunk (keys: phase, chunk, chunks, chunks_done,
+        vehicles_done, vehicles, elapsed_s) and for each damaged chunk found on resume
+        (phase "repair", with its reason; without a callback, a RuntimeWarning). force: run
+        even past the size budget (:func:`check_size`).
     """
     t_start = time.perf_counter()
     static, values = prepare(config)
-    versions = _versions()
-    store = None
+    if not force:
+        check_size(config, values["nominal"])
     block = min(config.block_size, config.vehicles)
     # a vehicle must sit in the same lane of its block however the sweep is chunked: XLA's
     # CPU code differs between vector-loop lanes and tails, so chunks hold whole blocks
     chunk = -(-min(config.chunk_size, config.vehicles) // block) * block
-    if out_dir is not None:
-        store = SweepStore.open(out_dir, config=config.resolved, config_hash=config.hash(versions),
-                                vehicles=config.vehicles, chunk_size=chunk, overwrite=overwrite, versions=versions)
-        chunk = store.chunk_size
+    if out_dir is None:
+        return _fly(config, static, values, None, chunk, progress, plots, t_start)
+    versions, reasons = sweep_identity(config, values["nominal"])
+    with SweepStore.open(out_dir, config=config.resolved, config_hash=config.hash(), vehicles=config.vehicles,
+                         chunk_size=chunk, overwrite=overwrite, versions=versions, reasons=reasons) as store:
+        return _fly(config, static, values, store, store.chunk_size, progress, plots, t_start)
+
+
+def _report_damaged(store: SweepStore, report, progress) -> None:
+    for i, why in store.damaged:
+        note = f"{store.chunk_path(i)}: damaged ({why}); flying it again"
+        if progress is None:
+            warnings.warn(f"quadjax sweep: {note}", RuntimeWarning, stacklevel=3)
+        report({"phase": "repair", "chunk": i + 1, "chunks": store.num_chunks, "reason": why, "note": note})
+
+
+def _fly(config, static, values, store, chunk, progress, plots, t_start) -> SweepResult:
+    """Fly the chunks not yet done (all of them in memory), then aggregate and write."""
+    block = min(config.block_size, config.vehicles)
     num_chunks = -(-config.vehicles // chunk)
     done = set(store.completed()) if store else set()
+    report = progress or (lambda event: None)
+    if store:
+        _report_damaged(store, report, progress)
     memory: dict = {}
 
     devices = jax.local_devices()
     mesh = Mesh(np.asarray(devices), ("devices",))
     by_vehicle = NamedSharding(mesh, PartitionSpec("devices"))
     values = jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
-    report = progress or (lambda event: None)
     timings = {"compile_s": 0.0, "flight_s": 0.0}
     todo = [i for i in range(num_chunks) if i not in done]
     if todo:
         t0 = time.perf_counter()
         compiled = _compiled(static, values, *_call_inputs(0, 1, block * len(devices), by_vehicle), mesh)
         timings["compile_s"] = time.perf_counter() - t0
-        report({"phase": "compiled", "chunk": 0, "chunks": num_chunks, "vehicles_done": len(done) * chunk,
-                "vehicles": config.vehicles, "elapsed_s": time.perf_counter() - t_start,
-                "compile_s": timings["compile_s"], "devices": len(devices)})
+        report({"phase": "compiled", "chunk": 0, "chunks": num_chunks, "chunks_done": len(done),
+                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "vehicles": config.vehicles,
+                "elapsed_s": time.perf_counter() - t_start, "compile_s": timings["compile_s"],
+                "devices": len(devices)})
     for i in todo:
         t0 = time.perf_counter()
         first, end = i * chunk, min((i + 1) * chunk, config.vehicles)
@@ -421,23 +542,33 @@ def run_sweep(config: SweepConfig, out_dir=None, *, overwrite: bool = False, pro
         else:
             memory[i] = arrays
         done.add(i)
-        report({"phase": "chunk", "chunk": i + 1, "chunks": num_chunks,
-                "vehicles_done": min(len(done) * chunk, config.vehicles), "vehicles": config.vehicles,
+        report({"phase": "chunk", "chunk": i + 1, "chunks": num_chunks, "chunks_done": len(done),
+                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "vehicles": config.vehicles,
                 "elapsed_s": time.perf_counter() - t_start})
     chunks = (store.read_chunk(i) if store else memory[i] for i in range(num_chunks))
     result = _aggregate(config, chunks, timings)
     timings["total_s"] = time.perf_counter() - t_start
     result.summary["timings_s"] = dict(timings)
     if store:
-        result.out_dir = store.root
-        write_npz(store.root / "vehicles.npz", result.vehicles)
-        write_npz(store.root / "trajectories.npz", result.trajectories)
-        if plots:
-            from quadjax.sweep.plots import save_plots
-
-            save_plots(result, store.root / "plots")
-        store.finish(result.summary, {"timings_s": timings, "devices": len(devices)})
+        _write_outputs(store, result, plots, {"timings_s": timings, "devices": len(devices)})
     return result
+
+
+def _vehicles_in(done, chunk, vehicles) -> int:
+    return sum(min(chunk, vehicles - i * chunk) for i in done)
+
+
+def _write_outputs(store: SweepStore, result: SweepResult, plots: bool, extra: dict) -> None:
+    """The final files; the manifest lists the plots, so that --overwrite removes only those."""
+    result.out_dir = store.root
+    write_npz(store.root / "vehicles.npz", result.vehicles)
+    write_npz(store.root / "trajectories.npz", result.trajectories)
+    written = set(store.manifest.get("plots") or [])  # an earlier run's plots are still the sweep's
+    if plots:
+        from quadjax.sweep.plots import save_plots
+
+        written |= {Path(p).relative_to(store.root).as_posix() for p in save_plots(result, store.root / "plots")}
+    store.finish(result.summary, {**extra, "plots": sorted(written)})
 
 
 def _call_inputs(start, end, size, sharding):

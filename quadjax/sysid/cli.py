@@ -29,7 +29,7 @@ def _pairs(items, what):
         try:
             a, b = (float(x) for x in rest.split(","))
         except ValueError:
-            raise SystemExit(f"quadjax fit: --{what} {item!r}: expected NAME=NUMBER,NUMBER") from None
+            raise ValueError(f"--{what} {item!r}: expected NAME=NUMBER,NUMBER") from None
         out[name.strip()] = (a, b)
     return out
 
@@ -66,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def fit_main(argv: list[str]) -> int:
-    """``quadjax fit --data PATH... --fit NAMES --out FILE``; returns the exit code."""
+    """``quadjax fit --data PATH... --fit NAMES --out FILE``; returns the exit code.
+
+    Every failure the user can cause (a missing, unreadable or malformed log or
+    ``--init`` file, an unwritable ``--out``, a bad option value) is one line
+    ``quadjax fit: error: <path>: <reason>`` on stderr and exit code 2.
+    """
     args = _parser().parse_args(argv)
     # float64 for the fit unless asked otherwise, scoped to this command (jax.config stays untouched)
     keep = args.float32 or jax.config.jax_enable_x64
@@ -74,24 +79,50 @@ def fit_main(argv: list[str]) -> int:
     with precision:
         try:
             return _fit(args)
-        except ValueError as err:
-            print(f"quadjax fit: error: {err}", file=sys.stderr)
+        except (ValueError, OSError, ImportError) as err:
+            print(f"quadjax fit: error: {_one_line(err)}", file=sys.stderr)
             return 2
 
 
-def _fit(args) -> int:
-    from quadjax import presets
-    from quadjax.logs import load_logs
-    from quadjax.sysid.io import load_fit, save_fit
-    from quadjax.sysid.motor import MotorMap, nanodrone_motor_map
-    from quadjax.sysid.objective import LossWeights
-    from quadjax.sysid.optimize import fit
-    from quadjax.sysid.validation import format_table, open_loop_errors
+def _one_line(err: Exception) -> str:
+    """The reason of ``err`` on one line, with the file it concerns where the error knows it."""
+    if isinstance(err, OSError) and err.filename is not None:
+        text = f"{err.filename}: {err.strerror or err}"
+    else:
+        text = str(err) or type(err).__name__
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
-    dtype = "float32" if args.float32 else "float64"
-    kw = {"filtered": not args.raw}
-    train = load_logs(args.data, **kw)
-    held = load_logs(args.validate, **kw) if args.validate else None
+
+def _check_out(args) -> None:
+    """``--out`` can be written, and is none of the logs (checked before any work, so that a
+    long fit is never thrown away at the end)."""
+    from quadjax.sysid.io import check_writable
+
+    target = check_writable(args.out)
+    for log in (args.data or []) + (args.validate or []):
+        if Path(log).is_file() and Path(log).resolve() == target:
+            raise ValueError(f"{args.out}: is one of the logs given; it would be overwritten")
+
+
+def _options(args):
+    """(weights, priors, bounds) from the command line (``ValueError`` names a bad value)."""
+    from quadjax.sysid.objective import LossWeights
+
+    weights = LossWeights()
+    if args.weights:
+        try:
+            weights = LossWeights(*[float(x) for x in args.weights.split(",")])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"--weights {args.weights!r}: {err}") from None
+    return weights, _pairs(args.prior, "prior"), _pairs(args.bound, "bound")
+
+
+def _start(args, dtype):
+    """(params0, motor_map0): from ``--init`` or ``--preset``, and ``--motor-map``."""
+    from quadjax import presets
+    from quadjax.sysid.io import load_fit
+    from quadjax.sysid.motor import MotorMap, nanodrone_motor_map
+
     if args.init:
         start = load_fit(args.init, dtype=dtype)
         params0, mm0 = start["params"], start["motor_map"]
@@ -103,29 +134,49 @@ def _fit(args) -> int:
         if choice == "auto":
             choice = "nanodrone" if (args.inputs == "commands" and parquet) else "identity"
         mm0 = nanodrone_motor_map(dtype) if choice == "nanodrone" else MotorMap.identity(params0.num_rotors, dtype)
-    weights = LossWeights()
-    if args.weights:
-        try:
-            w = [float(x) for x in args.weights.split(",")]
-            weights = LossWeights(*w)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"--weights {args.weights!r}: {err}") from None
+    return params0, mm0
+
+
+def _fit(args) -> int:
+    from quadjax.logs import check_rotor_speeds, load_logs
+    from quadjax.sysid.optimize import fit
+    from quadjax.sysid.parameters import parse_names
+
+    # the cheap checks first: a mistake in --out or an option must not cost a log load or a fit
+    _check_out(args)
+    weights, priors, bounds = _options(args)
+    dtype = "float32" if args.float32 else "float64"
+    params0, mm0 = _start(args, dtype)
+    parse_names(args.fit, params0.num_rotors)
+    kw = {"filtered": not args.raw}
+    train = load_logs(args.data, **kw)
+    held = load_logs(args.validate, **kw) if args.validate else None
+    for log in held or []:  # fit checks its own logs; these only feed the validation table
+        if log.rotor_speeds is not None:
+            check_rotor_speeds(log.rotor_speeds, f"--validate log {log.name!r}", omega_max=float(params0.omega_max))
 
     n_rows = sum(len(lg) for lg in train)
     print(f"fitting {args.fit} to {len(train)} log(s), {n_rows} rows; inputs={args.inputs}, horizon={args.horizon}")
     t0 = time.perf_counter()
     result = fit(train, args.fit, params0, motor_map0=mm0, inputs=args.inputs, horizon=args.horizon,
-                 stride=args.stride, max_windows=args.max_windows, weights=weights,
-                 priors=_pairs(args.prior, "prior"), bounds=_pairs(args.bound, "bound"),
+                 stride=args.stride, max_windows=args.max_windows, weights=weights, priors=priors, bounds=bounds,
                  adam_steps=args.adam_steps, adam_lr=args.adam_lr, lbfgs_steps=args.lbfgs_steps,
                  covariance=args.covariance)
     seconds = time.perf_counter() - t0
     print(result.table())
     print(f"({len(result.loss_history)} iterations, objective {result.loss_history[0]:.4g} → "
           f"{result.loss_history[-1]:.4g}, {seconds:.1f} s)")
+    validation = _validation(args, result, params0, mm0, held if held is not None else train, held is not None)
+    _save(args, result, validation, seconds, dtype)
+    print(f"\nwrote {args.out}")
+    return 0
 
-    logs = held if held is not None else train
-    where = "held-out logs" if held is not None else "the training logs (no --validate given)"
+
+def _validation(args, result, params0, mm0, logs, held_out: bool) -> dict:
+    """Print the open-loop error table of the naive, start and fitted models; its summary for the file."""
+    from quadjax.sysid.validation import format_table, open_loop_errors
+
+    where = "held-out logs" if held_out else "the training logs (no --validate given)"
     horizon = min(50, min(len(lg) for lg in logs) - 1)
     rows = {}
     for name, (p, mm) in {"naive": (None, None), "start": (params0, mm0),
@@ -135,16 +186,22 @@ def _fit(args) -> int:
     hs = tuple(h for h in (1, 10, 50) if h <= horizon)
     print(f"\nopen-loop errors on {where} (mean over {rows['fitted'].n_starts} start indices):")
     print(format_table(rows, horizons=hs))
-    save_fit(args.out, result.params, motor_map=result.motor_map, inputs=args.inputs, estimates=result.estimates(),
-             validation={"on": where, **{k: v.summary(hs) for k, v in rows.items()}},
-             fit_info={"names": args.fit, "data": [str(p) for p in args.data], "windows": result.windows,
-                       "horizon": result.horizon, "iterations": int(len(result.loss_history)),
-                       "objective": [float(result.loss_history[0]), float(result.loss_history[-1])],
-                       "covariance": result.covariance, "fisher_rank": result.uncertainty.rank,
-                       "unidentifiable": list(result.uncertainty.unidentifiable), "seconds": seconds,
-                       "dtype": dtype})
-    print(f"\nwrote {args.out}")
-    return 0
+    return {"on": where, **{k: v.summary(hs) for k, v in rows.items()}}
+
+
+def _save(args, result, validation: dict, seconds: float, dtype: str) -> None:
+    from quadjax.sysid.io import save_fit
+
+    info = {"names": args.fit, "data": [str(p) for p in args.data], "windows": result.windows,
+            "horizon": result.horizon, "iterations": int(len(result.loss_history)),
+            "objective": [float(result.loss_history[0]), float(result.loss_history[-1])],
+            "covariance": result.covariance, "fisher_rank": result.uncertainty.rank,
+            "unidentifiable": list(result.uncertainty.unidentifiable), "seconds": seconds, "dtype": dtype}
+    try:
+        save_fit(args.out, result.params, motor_map=result.motor_map, inputs=args.inputs,
+                 estimates=result.estimates(), validation=validation, fit_info=info)
+    except OSError as err:  # e.g. the disk filled during the fit: the error must still name the file
+        raise ValueError(f"{args.out}: cannot write the fit ({err.strerror or err})") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

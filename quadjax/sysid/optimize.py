@@ -8,7 +8,7 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from quadjax.logs import FlightLog
+from quadjax.logs import FlightLog, check_rotor_speeds
 from quadjax.params import QuadParams, params_valid
 from quadjax.sysid.motor import MotorMap
 from quadjax.sysid._engine import MAX_ITERATIONS, data_count, run
@@ -69,6 +69,30 @@ class FitResult:
         lines.append(f"({self.covariance} covariance; Fisher rank {u.rank}/{len(self.labels)}; "
                      f"{self.windows} windows × {self.horizon} steps; residual variance {u.residual_variance:.3g})")
         return "\n".join(lines)
+
+
+def _check_log(log: FlightLog, params0: QuadParams) -> None:
+    """The log fits the vehicle: one column per rotor, and speeds in rad/s (a unit error would
+    fit a wildly wrong k_f without complaint)."""
+    if not isinstance(log, FlightLog):
+        raise ValueError(f"fit: data must be FlightLogs or Windows, got {type(log).__name__}")
+    R = params0.num_rotors
+    for name in ("rotor_speeds", "motor_commands"):
+        value = getattr(log, name)
+        if value is not None and value.shape[1] != R:
+            raise ValueError(f"fit: log {log.name!r}: {name} has {value.shape[1]} columns, params0 has {R} rotors")
+    if log.rotor_speeds is not None:
+        check_rotor_speeds(log.rotor_speeds, f"fit: log {log.name!r}", omega_max=float(params0.omega_max))
+
+
+def _check_windows(windows: Windows, params0: QuadParams, inputs: str) -> None:
+    """As :func:`_check_log`, for windows cut beforehand."""
+    R = params0.num_rotors
+    if windows.inputs.shape[-1] != R:
+        raise ValueError(f"fit: windows have {windows.inputs.shape[-1]} inputs per step, params0 has {R} rotors")
+    if inputs == "rotor_speeds":
+        check_rotor_speeds(np.asarray(windows.inputs).reshape(-1, R), "fit: windows",
+                           omega_max=float(params0.omega_max))
 
 
 def fit(
@@ -135,7 +159,10 @@ def fit(
         rank_rtol, max_rel_std: the identifiability test (:func:`uncertainty`).
 
     Raises ``ValueError`` for an unknown name, a parameter the inputs cannot
-    identify (``motor_tau`` from measured rotor speeds), or data that gives no window.
+    identify (``motor_tau`` from measured rotor speeds), data that gives no window,
+    a log whose rotor count differs from ``params0``'s, or measured rotor speeds that
+    are negative or far above ``params0.omega_max`` (RPM fed as rad/s; see
+    :func:`quadjax.logs.check_rotor_speeds`).
     """
     weights = weights or LossWeights()
     if covariance not in ("sandwich", "gauss_newton"):
@@ -149,9 +176,14 @@ def fit(
     if isinstance(data, Windows):
         if dt is None:
             raise ValueError("fit: give dt when passing Windows")
+        _check_windows(data, params0, inputs)
         windows = data
     else:
         logs = [data] if isinstance(data, FlightLog) else list(data)
+        if not logs:
+            raise ValueError("fit: no logs given")
+        for log in logs:
+            _check_log(log, params0)
         dt = logs[0].dt if dt is None else dt
         windows = make_windows(logs, horizon, stride=stride, inputs=inputs, input_delay=input_delay,
                                max_windows=max_windows, dtype=dtype)
