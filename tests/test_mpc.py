@@ -170,6 +170,8 @@ def test_command_terms_cannot_be_terminal_and_configs_are_checked():
     cfg, params = problem("ilqr")
     with pytest.raises(ValueError, match="ILQRParams.regularization"):
         cfg.init(params.replace(solver=params.solver.replace(regularization=a(jnp.nan))), s)
+    with pytest.raises(ValueError, match="prediction model: QuadParams.mass"):  # the README's replace idiom
+        cfg.init(params.replace(model=params.model.replace(mass=a(-1.0))), s)
 
 
 def test_shift_plan_interpolates_and_holds_the_last_node():

@@ -33,7 +33,7 @@ from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import rk4_step
 from quadjax.model import hover_rotor_speed
 from quadjax.mpc.costs import stage_cost, terminal_cost
-from quadjax.params import QuadParams
+from quadjax.params import QuadParams, check_params
 from quadjax.engine import SimConfig, simulate
 from quadjax.state import QuadState
 
@@ -162,7 +162,13 @@ class PlanConfig:
         return self.dt * jnp.sum(stage) + terminal_cost(params.cost, params.model, last, times[-1])
 
     def check(self, params: MPCParams) -> None:
-        """Raise ``ValueError`` naming the first bad solver number (only where concrete)."""
+        """Raise ``ValueError`` naming the first bad prediction-model field or solver number
+        (only where concrete: traced ones are the caller's, under jit)."""
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params.model)):
+            try:
+                check_params(params.model)
+            except ValueError as err:
+                raise ValueError(f"{type(self).__name__}: the prediction model: {err}") from None
         for name, lower, strict in self.solver_bounds:
             value = getattr(params.solver, name)
             if isinstance(value, jax.core.Tracer):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from quadjax.logs import FlightLog, check_rotor_speeds
-from quadjax.params import QuadParams, params_valid
+from quadjax.params import QuadParams, check_params
 from quadjax.sysid.motor import MotorMap
 from quadjax.sysid._engine import MAX_ITERATIONS, data_count, run
 from quadjax.sysid.objective import LossWeights
@@ -170,8 +170,10 @@ def fit(
     if inputs == "rotor_speeds" and "motor_tau" in parse_names(names, params0.num_rotors):
         raise ValueError("motor_tau cannot be identified when measured rotor speeds drive the model "
                          "(inputs='rotor_speeds' sets τ = 0); fit it with inputs='commands'")
-    if not bool(params_valid(params0)):
-        raise ValueError("fit: params0 is not valid (see quadjax.params_valid / QuadParams.create)")
+    try:
+        check_params(params0)
+    except ValueError as err:
+        raise ValueError(f"fit: params0: {err}") from None
     dtype = params0.mass.dtype
     if isinstance(data, Windows):
         if dt is None:
