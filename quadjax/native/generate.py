@@ -14,6 +14,13 @@ float32 folds round as float32 arithmetic does) or the names of C locals. So
 * arithmetic, comparisons and ``select_n`` become one C expression per element.
 
 An unsupported primitive raises :class:`UnsupportedPrimitive` naming it, at generation time.
+Repeated subexpressions of the trace are emitted once (value numbering).
+
+Two forms: :func:`generate`, one call of the function for one vehicle (scalar C); and
+:func:`generate_rollout`, a time loop over a block of W vehicles in SIMD lanes, with what
+depends on the parameters alone hoisted out of the loop. Not yet wired into the engine's
+kernel (``rollout.cc`` is still the hand-written form): that, the tangent and adjoint
+steps and the speed targets are the rest of issue 13.
 
 The layout of the flat input and output vectors is the pytree's leaves in order (for the
 dataclasses: their fields in declaration order), each raveled C-order: :class:`Layout`
@@ -76,15 +83,50 @@ class _Sym(str):
 
 
 class _Emitter:
+    """Straight-line scalar C: one ``const`` local per computed element."""
+
     def __init__(self):
         self.lines: list[str] = []
         self.count = 0
+        self.seen: dict = {}
 
-    def local(self, ctype: str, expr: str) -> _Sym:
+    def local(self, deps, ctype: str, expr: str) -> _Sym:
+        if (ctype, expr) in self.seen:  # value numbering: the trace repeats subexpressions
+            return self.seen[ctype, expr]
         name = _Sym(f"v{self.count}")
         self.count += 1
         self.lines.append(f"  const {ctype} {name} = {expr};")
+        self.seen[ctype, expr] = name
         return name
+
+
+class _LaneEmitter:
+    """C over W lanes (one vehicle each): every local is an array ``vN[W]`` computed by a loop
+    the compiler vectorises. A local whose operands are all invariant (the parameters, dt and
+    what depends on them alone) goes to the prologue, computed once per block of vehicles
+    rather than every step: the loop-invariant code motion a call boundary would prevent."""
+
+    def __init__(self, invariant: set):
+        self.prologue: list[str] = []
+        self.body: list[str] = []
+        self.declared: list[tuple[str, str]] = []
+        self.invariant = set(invariant)
+        self.count = 0
+        self.seen: dict = {}
+
+    def local(self, deps, ctype: str, expr: str) -> _Sym:
+        if (ctype, expr) in self.seen:  # value numbering: the trace repeats subexpressions
+            return self.seen[ctype, expr]
+        name = f"v{self.count}"
+        self.count += 1
+        self.declared.append((ctype, name))
+        sym = _Sym(f"{name}[l]")
+        fixed = all(d in self.invariant for d in deps if isinstance(d, _Sym))
+        (self.prologue if fixed else self.body).append(f"    LANES {name}[l] = {expr};")
+        if fixed:
+            self.invariant.add(sym)
+        self.seen[ctype, expr] = sym
+        return sym
 
 
 def _literal(x, dtype: np.dtype) -> str:
@@ -138,8 +180,8 @@ _ELEMENTWISE = {
 
 
 class _Generator:
-    def __init__(self):
-        self.out = _Emitter()
+    def __init__(self, emitter=None):
+        self.out = emitter or _Emitter()
 
     # ---- values are numpy object arrays of constants and _Sym names, with their dtype
     def read(self, env, var):
@@ -195,11 +237,11 @@ class _Generator:
                 return cases[int(pred)]
             if len(cases) != 2:
                 raise UnsupportedPrimitive("quadjax.native.generate: select_n with more than two cases")
-            return self.out.local(ctype, f"({pred} ? {_expr(cases[1], dtype)} : {_expr(cases[0], dtype)})")
+            return self.out.local(xs, ctype, f"({pred} ? {_expr(cases[1], dtype)} : {_expr(cases[0], dtype)})")
         if name == "convert_element_type":
             if known:
                 return _const(xs[0], dtype)
-            return self.out.local(ctype, f"({ctype})({xs[0]})")
+            return self.out.local(xs, ctype, f"({ctype})({xs[0]})")
         if name in ("copy", "copy_p"):
             return xs[0]
         if name == "integer_pow":
@@ -207,23 +249,23 @@ class _Generator:
             if known:
                 return _const(np.asarray(xs[0]) ** y, dtype)
             body = " * ".join([xs[0]] * abs(y)) if y else _literal(1, dtype)
-            return self.out.local(ctype, f"({_literal(1, dtype)} / ({body}))" if y < 0 else f"({body})")
+            return self.out.local(xs, ctype, f"({_literal(1, dtype)} / ({body}))" if y < 0 else f"({body})")
         if name == "clamp":  # clamp(lo, x, hi)
             lo, x, hi = xs
             if known:
                 return _const(np.fmin(np.fmax(x, lo), hi) if not np.isnan(x) else x, dtype)
             e = f"qj_min_{suffix}(qj_max_{suffix}({_expr(x, dtype)}, {_expr(lo, dtype)}), {_expr(hi, dtype)})"
-            return self.out.local(ctype, e)
+            return self.out.local(xs, ctype, e)
         if name == "rem":
             if known:
                 return _const(np.fmod(xs[0], xs[1]), dtype)
             a, b = (_expr(x, d) for x, d in zip(xs, dtypes))
-            return self.out.local(ctype, f"fmod{'f' if suffix == 'f' else ''}({a}, {b})" if np.issubdtype(
+            return self.out.local(xs, ctype, f"fmod{'f' if suffix == 'f' else ''}({a}, {b})" if np.issubdtype(
                 dtype, np.floating) else f"({a} % {b})")
         if name == "pow":
             if known:
                 return _const(np.power(xs[0], xs[1]), dtype)
-            return self.out.local(ctype, f"pow{'f' if suffix == 'f' else ''}({_expr(xs[0], dtypes[0])}, "
+            return self.out.local(xs, ctype, f"pow{'f' if suffix == 'f' else ''}({_expr(xs[0], dtypes[0])}, "
                                          f"{_expr(xs[1], dtypes[1])})")
         fold, form = _ELEMENTWISE[name]
         if known:
@@ -234,7 +276,7 @@ class _Generator:
                 else:
                     v = fold(*[_const(x, d) for x, d in zip(xs, dtypes)])
             return _const(v, dtype)
-        return self.out.local(ctype, form(*[_expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+        return self.out.local(xs, ctype, form(*[_expr(x, d) for x, d in zip(xs, dtypes)], suffix))
 
     # ---- structure: names move, nothing is computed
     def p_broadcast_in_dim(self, eqn, ins, avals):
@@ -361,3 +403,56 @@ def generate(fn, example_args: tuple, name: str) -> tuple[str, Layout, Layout]:
     source = (_PRELUDE + f"\nvoid {name}(const {ctype}* restrict in, {ctype}* restrict out) {{\n"
               + "\n".join(gen.out.lines + body) + "\n}\n")
     return source, Layout.of(example_args), Layout.of(out_tree)
+
+
+def generate_rollout(step, params, state, command, dt, name: str, lanes: int = 8) -> tuple[str, Layout, Layout]:
+    """C of ``void name(const T* P, T* S, const T* U, long steps)``: ``steps`` applications of
+    ``state = step(params, state, command[t], dt)`` to a block of ``lanes`` vehicles at once.
+
+    Structure of arrays, lane fastest: ``P`` (NP, W) the parameters then dt (:class:`Layout`
+    of ``(params, dt)``), ``S`` (NS, W) the state, updated in place (:class:`Layout` of
+    ``state``), ``U`` (steps, R, W) the commands. What depends on the parameters and dt alone
+    is computed once, before the time loop; the rest every step, lane-parallel.
+    """
+    closed = jax.make_jaxpr(step)(params, state, command, dt)
+    dtype = np.dtype(np.asarray(jax.tree_util.tree_leaves(state)[0]).dtype)
+    ctype = _CTYPE[dtype]
+    p_leaves, s_leaves = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(state)
+    R = int(np.shape(command)[-1])
+    invariant, args, k = set(), [], 0
+    for leaf in p_leaves:  # then dt, after the state and command (the step's argument order)
+        names = np.empty(np.shape(leaf), object)
+        for idx in np.ndindex(names.shape):
+            names[idx] = _Sym(f"P[{k} * W + l]")
+            invariant.add(names[idx])
+            k += 1
+        args.append((names, dtype))
+    state_vars, j = [], 0
+    for leaf in s_leaves:
+        names = np.empty(np.shape(leaf), object)
+        for idx in np.ndindex(names.shape):
+            names[idx] = _Sym(f"s{j}[l]")
+            state_vars.append(f"s{j}")
+            j += 1
+        args.append((names, dtype))
+    cmd = np.asarray([_Sym(f"U[(t * {R} + {r}) * W + l]") for r in range(R)], dtype=object)
+    args.append((cmd, dtype))
+    dt_sym = _Sym(f"P[{k} * W + l]")
+    invariant.add(dt_sym)
+    args.append((np.asarray(dt_sym, dtype=object), dtype))
+    out = _LaneEmitter(invariant)
+    outs = _Generator(out).run(closed.jaxpr, closed.consts, args)
+    flat_out = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
+    if len(flat_out) != len(state_vars):
+        raise ValueError(f"generate_rollout: the step returns {len(flat_out)} values for a state of {len(state_vars)}")
+    decl = [f"  {c} {n}[W];" for c, n in out.declared] + [f"  {ctype} {s}[W], n{s}[W];" for s in state_vars]
+    load = [f"  LANES {s}[l] = S[{i} * W + l];" for i, s in enumerate(state_vars)]
+    step_out = [f"    LANES n{s}[l] = ({ctype})({_expr(x, d)});" for s, (x, d) in zip(state_vars, flat_out)]
+    commit = [f"    LANES {s}[l] = n{s}[l];" for s in state_vars]
+    store = [f"  LANES S[{i} * W + l] = {s}[l];" for i, s in enumerate(state_vars)]
+    prologue = [line[2:] for line in out.prologue]
+    source = (_PRELUDE + f"#define W {lanes}\n#define LANES _Pragma(\"omp simd\") for (int l = 0; l < W; ++l)\n"
+              f"\nvoid {name}(const {ctype}* restrict P, {ctype}* restrict S, const {ctype}* restrict U, long steps) {{\n"
+              + "\n".join(decl + load + prologue) + "\n  for (long t = 0; t < steps; ++t) {\n"
+              + "\n".join(out.body + step_out + commit) + "\n  }\n" + "\n".join(store) + "\n}\n")
+    return source, Layout.of((params, dt)), Layout.of(state)
