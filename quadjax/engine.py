@@ -49,14 +49,12 @@ from quadjax import status as codes
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import STEPPERS, component_stepper, rk4_step
-from quadjax.params import QuadParams, check_params
+from quadjax.params import QuadParams, check_params, float_dtype
 from quadjax.resolution import STABILITY, fixed_rate, start_code
 from quadjax.state import QuadState
 
 BACKENDS = ("auto", "xla", "native")
 CHECKS = ("off", "monitor", "raise")
-#: the dtypes a run may take (reduced precision is a characterisation, not a supported mode)
-DTYPES = (jnp.dtype("float32"), jnp.dtype("float64"))
 SAVE_FIELDS = ("state", "command")
 
 
@@ -119,6 +117,13 @@ class SimConfig:
     def stepper(self) -> Callable:
         """The array-form stepper function."""
         return STEPPERS[self.integrator] if isinstance(self.integrator, str) else self.integrator
+
+    @property
+    def stability(self) -> float | None:
+        """The largest λ·h the stepper is stable at (:data:`quadjax.resolution.STABILITY`); None
+        for a stepper of the caller's (not judged)."""
+        name = next((n for n, fn in STEPPERS.items() if fn is self.stepper), None)
+        return STABILITY.get(name)
 
     def replace(self, **changes) -> "SimConfig":
         return dataclasses.replace(self, **changes)
@@ -241,10 +246,7 @@ def _cast_inputs(params, state0, dt):
         raise ValueError(f"state0: expected a QuadState, got {type(state0).__name__}")
     if not isinstance(params, QuadParams):
         raise ValueError(f"params: expected a QuadParams, got {type(params).__name__}")
-    dtype = jnp.result_type(state0.position)
-    if dtype not in DTYPES:
-        raise ValueError(f"state0.position: dtype {dtype}: quadjax runs in float32 or float64 (the state's "
-                         f"dtype sets the run's; build it with QuadState.create(..., dtype=))")
+    dtype = float_dtype(jnp.result_type(state0.position), "simulate: state0.position (its dtype sets the run's)")
     R = params.rotor_spins.shape[-1] if jnp.ndim(params.rotor_spins) else 0
     _check_shapes(params, state0, R)
     state0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), state0)
@@ -270,13 +272,6 @@ def _check_shapes(params: QuadParams, state0: QuadState, R: int):
                          f"map_vehicles): {err}") from None
 
 
-def stability_limit(config: SimConfig) -> float | None:
-    """The largest λ·h the run's stepper is stable at (:data:`quadjax.resolution.STABILITY`);
-    None for a stepper of the caller's."""
-    names = {fn: name for name, fn in STEPPERS.items()}
-    return STABILITY.get(names.get(config.stepper))
-
-
 def _check_concrete(params: QuadParams, state0: QuadState, dt, config: SimConfig):
     """Values that are concrete at trace time are checked here, with a message; traced ones
     become per-vehicle status codes (:func:`quadjax.resolution.start_code`) instead."""
@@ -289,7 +284,7 @@ def _check_concrete(params: QuadParams, state0: QuadState, dt, config: SimConfig
         raise ValueError(f"simulate: invalid params: {err}") from None
     if not (float(dt) > 0 and np.isfinite(float(dt))):
         raise ValueError(f"simulate: dt = {float(dt)}: expected a finite time step > 0 [s]")
-    h, limit = float(dt) / config.substeps, stability_limit(config)
+    h, limit = float(dt) / config.substeps, config.stability
     rate = float(fixed_rate(params))
     if limit is not None and rate * h > limit:
         raise ValueError(
@@ -399,8 +394,7 @@ def simulate(
     if config.check != "off":
         from quadjax.monitor import Monitor
 
-        hooks = (Monitor(wind=wind is not None, wrench=wrench is not None, substeps=config.substeps,
-                         stability=stability_limit(config)),) + hooks
+        hooks = (Monitor(wind=wind is not None, wrench=wrench is not None, config=config),) + hooks
 
     if commands is not None and not hooks and edit is None:  # the fast open loop: no per-tick work
         final, states = _open_loop(params, state0, commands, dt, wind, wrench, config, on_native)
@@ -408,7 +402,7 @@ def simulate(
         # open loop is what optimisers (sysid, MPC) differentiate, and freezing would zero their
         # gradient the moment a step leaves the valid set. Anything with per-tick work stops them
         # at t = 0.
-        start = start_code(params, dt / config.substeps, stability_limit(config))
+        start = start_code(params, dt / config.substeps, config.stability)
         saved = commands[config.save_every - 1::config.save_every] if config.save_every else None
         return Trajectory(
             final=final, states=states if "state" in config.save else None,
@@ -484,7 +478,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
     """The tick scan with hooks: every closed loop, every checked or hooked run."""
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
-    start = start_code(params, physics.h, stability_limit(config))  # such a vehicle never flies
+    start = start_code(params, physics.h, config.stability)  # such a vehicle never flies
     ok = start == codes.OK
     R = physics.R
     carry0 = dict(
@@ -530,11 +524,12 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
 
     c, out = _drive(tick, carry0, xs, num_ticks, config)
     saved = out or {}
+    results = tuple(h.result(hc) for h, hc in zip(hooks, c["hooks"]))
     return Trajectory(
         final=physics.view(c["x"]), states=saved.get("state"), commands=saved.get("command"), ctrl_state=c["cs"],
         status=c["status"], status_tick=c["status_tick"],
-        report=c["hooks"][0] if config.check != "off" else None,
-        hooks=tuple(h.result(hc) for h, hc in zip(hooks, c["hooks"])),
+        report=results[0] if config.check != "off" else None,
+        hooks=results,
         outputs=tuple(saved["outputs"]) if out is not None else tuple(None for _ in hooks),
         config=config, backend=backend,
     )

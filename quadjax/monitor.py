@@ -49,7 +49,7 @@ from quadjax.engine import Hook, Inputs, SimConfig, Trajectory, expand_axes, sim
 from quadjax.integrators import STEPPERS
 from quadjax.invariants import state_violation
 from quadjax.params import QuadParams, check_params
-from quadjax.resolution import STEP_BOUND, battery_rate, fixed_rate, rotor_transient_rate, start_code, state_rate, step_resolved
+from quadjax.resolution import STEP_BOUND, fixed, start_code, step_rates, step_resolved
 from quadjax.state import QuadState
 
 #: phase of a violation: found on the state going into a step, or on the step's output
@@ -106,16 +106,17 @@ class Monitor(Hook):
 
     wind: bool = False  # whether the run has a wind / wrench input (recorded for replay)
     wrench: bool = False
-    substeps: int = 1  # physics steps per tick, and the stepper's stability limit (resolution.start_code)
-    stability: float | None = None
+    config: SimConfig = SimConfig()  # the run's: its step dt / substeps and stepper judge the start
 
     def init(self, params, state0, dt):
+        """(report, :func:`quadjax.resolution.fixed` of params): the parameters' own rates are
+        computed here once, not in every tick's check."""
         constant = jnp.asarray([not isinstance(x, jax.core.Tracer) for x in _const_probe(params, dt)])
         R = params.rotor_spins.shape[-1]
         dtype = state0.position.dtype
-        start = start_code(params, dt / self.substeps, self.stability)
+        start = start_code(params, dt / self.config.substeps, self.config.stability)
         ok = start == codes.OK
-        return MonitorReport(
+        report = MonitorReport(
             tick=jnp.where(ok, -1, 0).astype(jnp.int32),
             code=start,
             phase=jnp.where(ok, -1, BEFORE_STEP).astype(jnp.int32),
@@ -124,12 +125,17 @@ class Monitor(Hook):
             wrench=jnp.zeros((6,), dtype) if self.wrench else None,
             constant=constant,
         )
+        return report, fixed(params)
 
-    def update(self, report: MonitorReport, tick):
+    def result(self, carry) -> MonitorReport:
+        return carry[0]
+
+    def update(self, carry, tick):
+        report, fix = carry
         pre = state_violation(tick.params, tick.before)
         post = state_violation(tick.params, tick.after)
         # a finite but unresolved step is reported after it, like a state it broke
-        resolved = step_resolved(tick.params, tick.before, tick.after, tick.command, tick.h, tick.wind)
+        resolved = step_resolved(tick.params, fix, tick.before, tick.after, tick.command, tick.h, tick.wind)
         post = jnp.where((post == 0) & ~resolved, codes.COARSE_STEP, post)
         fresh = (report.code == 0) & tick.flying
         broke_pre = fresh & (pre != 0)
@@ -147,7 +153,7 @@ class Monitor(Hook):
         )
         broke = broke_pre | broke_post
         report = _first(report, found, broke)
-        return report, jnp.where(broke, report.code, 0).astype(jnp.int32), None
+        return (report, fix), jnp.where(broke, report.code, 0).astype(jnp.int32), None
 
 
 # --------------------------------------------------------------------------- reading a report
@@ -205,15 +211,10 @@ def _detail(code, state: QuadState, params: QuadParams, before: QuadState | None
 
 
 def _coarse_detail(params: QuadParams, before: QuadState, after: QuadState, command) -> str:
-    """The rate that made the step too long, and the longest step that resolves it."""
-    rates = {"drag or gyroscopic coupling of the params": float(fixed_rate(params)),
-             "the body rates or the quadratic drag": max(float(state_rate(params, before)),
-                                                         float(state_rate(params, after)))}
-    if command is not None:
-        command = jnp.asarray(command)
-        rates["a rotor transient faster than the step (motor_tau)"] = float(
-            rotor_transient_rate(params, before, command))
-        rates["the battery sag (power / capacity)"] = float(battery_rate(params, before, command))
+    """The rate that made the step too long (:func:`quadjax.resolution.step_rates`), and the
+    longest step that resolves it."""
+    rates = step_rates(params, fixed(params), before, after, jnp.asarray(command))
+    rates = {k: float(v) for k, v in rates.items()}
     which, rate = max(rates.items(), key=lambda kv: kv[1] if np.isfinite(kv[1]) else np.inf)
     if not np.isfinite(rate) or rate <= 0:
         return "the step's rates are not finite"

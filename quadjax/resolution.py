@@ -39,11 +39,16 @@ J_min is the smallest principal moment. Two guards use them:
   between rotation, thrust and drag the rest).
 """
 
+import functools
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from quadjax import status as codes
+from quadjax._components import join, split
 from quadjax.params import QuadParams, params_valid
-from quadjax.quadrotor import has_motor_lag, rotor_moment, rotor_thrusts
+from quadjax.quadrotor import clamp_command_c, has_motor_lag, rotor_moment, rotor_thrusts
 from quadjax.state import QuadState
 
 #: the largest λ·h (and |ω|·h [rad]) a monitored step may take
@@ -57,13 +62,26 @@ def _smallest_moment(params: QuadParams):
     return jnp.linalg.eigvalsh(params.inertia)[..., 0]
 
 
-def fixed_rate(params: QuadParams):
-    """The fastest rate the parameters alone set [1/s] (per vehicle): drags and gyroscopic coupling."""
+class Fixed(NamedTuple):
+    """What the parameters alone set, computed once per run (not every step): ``rate`` [1/s]
+    (drags and gyroscopic coupling, :func:`fixed_rate`) and ``j_min`` [kg·m²]."""
+
+    rate: jax.Array
+    j_min: jax.Array
+
+
+def fixed(params: QuadParams) -> Fixed:
+    """:class:`Fixed` of ``params`` (per vehicle)."""
     j_min = _smallest_moment(params)
     linear = jnp.max(params.drag_linear, axis=-1) / params.mass
     rotational = jnp.max(params.drag_rotational, axis=-1) / j_min
     gyroscopic = params.rotor_inertia * params.num_rotors * params.omega_max / j_min
-    return jnp.maximum(jnp.maximum(linear, rotational), gyroscopic)
+    return Fixed(jnp.maximum(jnp.maximum(linear, rotational), gyroscopic), j_min)
+
+
+def fixed_rate(params: QuadParams):
+    """The fastest rate the parameters alone set [1/s] (per vehicle): drags and gyroscopic coupling."""
+    return fixed(params).rate
 
 
 def state_rate(params: QuadParams, state: QuadState, wind=None):
@@ -74,47 +92,57 @@ def state_rate(params: QuadParams, state: QuadState, wind=None):
     return jnp.maximum(quadratic, jnp.linalg.norm(state.body_rates, axis=-1))
 
 
-def rotor_transient_rate(params: QuadParams, state: QuadState, command):
-    """(3/τ) · max |clamp(u) − ω| / ω_max [1/s]: how fast the power (∝ ω³) of rotors still
-    settling on their command changes; 0 without lag."""
+def rotor_transient_rate(params: QuadParams, state: QuadState, target):
+    """(3/τ) · max |u − ω| / ω_max [1/s], ``target`` u the clamped command: how fast the power
+    (∝ ω³) of rotors still settling on their command changes; 0 without lag."""
     lag = has_motor_lag(params)
-    target = jnp.clip(command, params.omega_min[..., None], params.omega_max[..., None])
     gap = jnp.max(jnp.abs(target - state.rotor_speeds), axis=-1) / params.omega_max
     return jnp.where(lag, 3.0 * gap / jnp.where(lag, params.motor_tau, 1.0), 0.0)
 
 
-def battery_rate(params: QuadParams, state: QuadState, command):
-    """4 · sag · Σ k_p ω_hi³ / capacity [1/s]: four times the fraction of thrust the battery
-    takes per second at the higher of each rotor's speed and its clamped command (4: the sag's
-    kink at full charge is crossed to first order)."""
-    target = jnp.clip(command, params.omega_min[..., None], params.omega_max[..., None])
+def battery_rate(params: QuadParams, state: QuadState, target):
+    """4 · sag · Σ k_p ω_hi³ / capacity [1/s], ω_hi the higher of each rotor's speed and its
+    clamped command ``target``: four times the fraction of thrust the battery takes per second
+    (4: the sag's kink at full charge is crossed to first order)."""
     w = jnp.maximum(state.rotor_speeds, target)
     power = jnp.sum(params.k_p[..., None] * w * w * w, axis=-1)
     return 4.0 * params.battery_sag * power / params.battery_capacity
 
 
-def torque_rate(params: QuadParams, state: QuadState, command):
+def torque_rate(params: QuadParams, state: QuadState, target, j_min):
     """√(α/2) [1/s], α [rad/s²] a bound on the angular acceleration the rotors give over the
-    step: the moment of the state's thrusts plus what the change to the command's could add."""
-    target = jnp.clip(command, params.omega_min[..., None], params.omega_max[..., None])
+    step: the moment of the state's thrusts plus what the change to the clamped command's
+    (``target``) could add, over ``j_min``."""
     now = rotor_thrusts(params, state.rotor_speeds, state.energy)
     change = jnp.abs(rotor_thrusts(params, target, state.energy) - now)
     lever = jnp.linalg.norm(params.rotor_positions, axis=-1) + params.k_m[..., None]
     moment = jnp.linalg.norm(rotor_moment(params, now), axis=-1) + jnp.sum(change * lever, axis=-1)
-    return jnp.sqrt(0.5 * moment / _smallest_moment(params))
+    return jnp.sqrt(0.5 * moment / j_min)
 
 
-def step_rate(params: QuadParams, before: QuadState, after: QuadState, command, wind=None):
-    """The fastest rate [1/s] of the step from ``before`` to ``after`` under ``command`` (R,)."""
-    moving = jnp.maximum(state_rate(params, before, wind), state_rate(params, after, wind))
-    rotors = jnp.maximum(rotor_transient_rate(params, before, command), battery_rate(params, before, command))
-    return jnp.maximum(jnp.maximum(fixed_rate(params), moving), jnp.maximum(rotors, torque_rate(params, before, command)))
+def step_rates(params: QuadParams, fix: Fixed, before: QuadState, after: QuadState, command, wind=None) -> dict:
+    """Each rate [1/s] of the step from ``before`` to ``after`` under ``command`` (R,), by what
+    sets it (the table in the module docstring); ``fix``: :func:`fixed` of ``params``."""
+    target = join(clamp_command_c(params, split(command)))
+    return {
+        "drag or gyroscopic coupling of the params": fix.rate,
+        "the body rates or the quadratic drag": jnp.maximum(state_rate(params, before, wind),
+                                                            state_rate(params, after, wind)),
+        "a rotor transient faster than the step (motor_tau)": rotor_transient_rate(params, before, target),
+        "the battery sag (power / capacity)": battery_rate(params, before, target),
+        "the rotors' torque (angular acceleration)": torque_rate(params, before, target, fix.j_min),
+    }
 
 
-def step_resolved(params: QuadParams, before: QuadState, after: QuadState, command, h, wind=None):
+def step_rate(params: QuadParams, fix: Fixed, before: QuadState, after: QuadState, command, wind=None):
+    """The fastest of :func:`step_rates` [1/s]."""
+    return functools.reduce(jnp.maximum, step_rates(params, fix, before, after, command, wind).values())
+
+
+def step_resolved(params: QuadParams, fix: Fixed, before: QuadState, after: QuadState, command, h, wind=None):
     """True where the step's fastest rate (:func:`step_rate`) times ``h`` [s] is at most
     :data:`STEP_BOUND` (per vehicle; NaN counts as unresolved)."""
-    return step_rate(params, before, after, command, wind) * h <= STEP_BOUND
+    return step_rate(params, fix, before, after, command, wind) * h <= STEP_BOUND
 
 
 def start_code(params: QuadParams, h, stability: float | None):

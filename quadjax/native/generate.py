@@ -83,7 +83,8 @@ class _Sym(str):
 
 
 class _Emitter:
-    """Straight-line scalar C: one ``const`` local per computed element."""
+    """Straight-line scalar C: one ``const`` local per computed element. Repeated
+    subexpressions of the trace are emitted once (value numbering, :meth:`local`)."""
 
     def __init__(self):
         self.lines: list[str] = []
@@ -91,41 +92,37 @@ class _Emitter:
         self.seen: dict = {}
 
     def local(self, deps, ctype: str, expr: str) -> _Sym:
-        if (ctype, expr) in self.seen:  # value numbering: the trace repeats subexpressions
-            return self.seen[ctype, expr]
-        name = _Sym(f"v{self.count}")
-        self.count += 1
+        """The local holding ``expr`` (``deps``: its operands), emitted on first use."""
+        if (ctype, expr) not in self.seen:
+            name = f"v{self.count}"
+            self.count += 1
+            self.seen[ctype, expr] = self.emit(name, deps, ctype, expr)
+        return self.seen[ctype, expr]
+
+    def emit(self, name: str, deps, ctype: str, expr: str) -> _Sym:
         self.lines.append(f"  const {ctype} {name} = {expr};")
-        self.seen[ctype, expr] = name
-        return name
+        return _Sym(name)
 
 
-class _LaneEmitter:
+class _LaneEmitter(_Emitter):
     """C over W lanes (one vehicle each): every local is an array ``vN[W]`` computed by a loop
     the compiler vectorises. A local whose operands are all invariant (the parameters, dt and
     what depends on them alone) goes to the prologue, computed once per block of vehicles
     rather than every step: the loop-invariant code motion a call boundary would prevent."""
 
     def __init__(self, invariant: set):
+        super().__init__()
         self.prologue: list[str] = []
-        self.body: list[str] = []
         self.declared: list[tuple[str, str]] = []
         self.invariant = set(invariant)
-        self.count = 0
-        self.seen: dict = {}
 
-    def local(self, deps, ctype: str, expr: str) -> _Sym:
-        if (ctype, expr) in self.seen:  # value numbering: the trace repeats subexpressions
-            return self.seen[ctype, expr]
-        name = f"v{self.count}"
-        self.count += 1
+    def emit(self, name: str, deps, ctype: str, expr: str) -> _Sym:
         self.declared.append((ctype, name))
         sym = _Sym(f"{name}[l]")
         fixed = all(d in self.invariant for d in deps if isinstance(d, _Sym))
-        (self.prologue if fixed else self.body).append(f"    LANES {name}[l] = {expr};")
+        (self.prologue if fixed else self.lines).append(f"    LANES {name}[l] = {expr};")
         if fixed:
             self.invariant.add(sym)
-        self.seen[ctype, expr] = sym
         return sym
 
 
@@ -370,6 +367,19 @@ class _Generator:
         return list(carry) + stacked
 
 
+def _named(leaves, name, start: int = 0) -> tuple[list, int]:
+    """Each leaf's elements as C names ``name(k)``, k counting on from ``start`` in leaf and
+    C order (the :class:`Layout` order); returns the object arrays and the next k."""
+    arrays, k = [], start
+    for leaf in leaves:
+        names = np.empty(np.shape(leaf), object)
+        for idx in np.ndindex(names.shape):
+            names[idx] = _Sym(name(k))
+            k += 1
+        arrays.append(names)
+    return arrays, k
+
+
 def generate(fn, example_args: tuple, name: str) -> tuple[str, Layout, Layout]:
     """C source of ``void name(const T* in, T* out)`` computing ``fn(*example_args)`` for one
     vehicle, and the layouts of ``in`` (the flattened args) and ``out`` (the flattened result).
@@ -384,15 +394,8 @@ def generate(fn, example_args: tuple, name: str) -> tuple[str, Layout, Layout]:
     dtype = next(iter(dtypes))
     ctype = _CTYPE[dtype]
     gen = _Generator()
-    args, offset = [], 0
-    for leaf in leaves:
-        shape = np.shape(leaf)
-        names = np.empty(shape, object)
-        for k, idx in enumerate(np.ndindex(shape)):
-            names[idx] = _Sym(f"in[{offset + k}]")
-        offset += math.prod(shape)
-        args.append((names, dtype))
-    outs = gen.run(closed.jaxpr, closed.consts, args)
+    names, _ = _named(leaves, lambda k: f"in[{k}]")
+    outs = gen.run(closed.jaxpr, closed.consts, [(x, dtype) for x in names])
     out_tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(jax.eval_shape(fn, *example_args)),
                                             [np.zeros(x.shape) for x, _ in outs])
     body, k = [], 0
@@ -419,28 +422,13 @@ def generate_rollout(step, params, state, command, dt, name: str, lanes: int = 8
     ctype = _CTYPE[dtype]
     p_leaves, s_leaves = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(state)
     R = int(np.shape(command)[-1])
-    invariant, args, k = set(), [], 0
-    for leaf in p_leaves:  # then dt, after the state and command (the step's argument order)
-        names = np.empty(np.shape(leaf), object)
-        for idx in np.ndindex(names.shape):
-            names[idx] = _Sym(f"P[{k} * W + l]")
-            invariant.add(names[idx])
-            k += 1
-        args.append((names, dtype))
-    state_vars, j = [], 0
-    for leaf in s_leaves:
-        names = np.empty(np.shape(leaf), object)
-        for idx in np.ndindex(names.shape):
-            names[idx] = _Sym(f"s{j}[l]")
-            state_vars.append(f"s{j}")
-            j += 1
-        args.append((names, dtype))
-    cmd = np.asarray([_Sym(f"U[(t * {R} + {r}) * W + l]") for r in range(R)], dtype=object)
-    args.append((cmd, dtype))
-    dt_sym = _Sym(f"P[{k} * W + l]")
-    invariant.add(dt_sym)
-    args.append((np.asarray(dt_sym, dtype=object), dtype))
-    out = _LaneEmitter(invariant)
+    # P holds the params then dt (the invariant inputs); the step takes (params, state, command, dt)
+    (*p_names, dt_name), _ = _named(p_leaves + [dt], lambda k: f"P[{k} * W + l]")
+    s_names, n_state = _named(s_leaves, lambda j: f"s{j}[l]")
+    (cmd,), _ = _named([command], lambda r: f"U[(t * {R} + {r}) * W + l]")
+    state_vars = [f"s{j}" for j in range(n_state)]
+    args = [(x, dtype) for x in p_names + s_names + [cmd, dt_name]]
+    out = _LaneEmitter({x for a in p_names + [dt_name] for x in a.flat})
     outs = _Generator(out).run(closed.jaxpr, closed.consts, args)
     flat_out = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
     if len(flat_out) != len(state_vars):
@@ -454,5 +442,5 @@ def generate_rollout(step, params, state, command, dt, name: str, lanes: int = 8
     source = (_PRELUDE + f"#define W {lanes}\n#define LANES _Pragma(\"omp simd\") for (int l = 0; l < W; ++l)\n"
               f"\nvoid {name}(const {ctype}* restrict P, {ctype}* restrict S, const {ctype}* restrict U, long steps) {{\n"
               + "\n".join(decl + load + prologue) + "\n  for (long t = 0; t < steps; ++t) {\n"
-              + "\n".join(out.body + step_out + commit) + "\n  }\n" + "\n".join(store) + "\n}\n")
+              + "\n".join(out.lines + step_out + commit) + "\n  }\n" + "\n".join(store) + "\n}\n")
     return source, Layout.of((params, dt)), Layout.of(state)

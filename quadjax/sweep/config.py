@@ -214,17 +214,17 @@ class SweepConfig:
         """A new config with ``settings`` (dotted keys, e.g. ``{"mission.duration": 5.0}``) applied."""
         return from_dict(merge(self.resolved, overrides_to_dict(settings)))
 
-    def hash(self, versions: dict | None = None) -> str:
-        """What identifies the sweep's results: every checked setting except ``chunk_size``
-        (results do not depend on it; they do, to the last bit, on ``block_size``), plus
-        ``versions`` (the rest of the identity: package versions, backend, …). It hashes the
-        checked values, not the user's text: ``duration = 10`` and ``10.0`` (the checks cast
+    def hash(self) -> str:
+        """What identifies the sweep's settings: every checked setting except ``chunk_size``
+        (results do not depend on it; they do, to the last bit, on ``block_size``). It hashes
+        the checked values, not the user's text: ``duration = 10`` and ``10.0`` (the checks cast
         both to float), ``sigma = 1`` and ``[1, 1, 1]``, or the numbers of a table that is
-        switched off are the same sweep."""
+        switched off are the same sweep. The rest of a sweep's identity (versions, backend,
+        dtype) is combined with it by :func:`quadjax.sweep.store.identity_hash`."""
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in ("resolved", "chunk_size")}
         body = json.loads(json.dumps(body, default=_plain))  # dataclasses (RandomSpec, …) as tables
-        text = json.dumps({"config": body, "versions": versions or {}}, sort_keys=True)
+        text = json.dumps(body, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -490,11 +490,11 @@ def run_sweep(config: SweepConfig, out_dir=None, *, overwrite: bool = False, pro
     # CPU code differs between vector-loop lanes and tails, so chunks hold whole blocks
     chunk = -(-min(config.chunk_size, config.vehicles) // block) * block
     if out_dir is None:
-        return _fly(config, static, values, None, chunk, progress, plots, t_start)
+        return _fly(config, static, values, None, block, chunk, progress, plots, t_start)
     versions, reasons = sweep_identity(config, values["nominal"])
     with SweepStore.open(out_dir, config=config.resolved, config_hash=config.hash(), vehicles=config.vehicles,
                          chunk_size=chunk, overwrite=overwrite, versions=versions, reasons=reasons) as store:
-        return _fly(config, static, values, store, store.chunk_size, progress, plots, t_start)
+        return _fly(config, static, values, store, block, store.chunk_size, progress, plots, t_start)
 
 
 def _report_damaged(store: SweepStore, report, progress) -> None:
@@ -505,9 +505,8 @@ def _report_damaged(store: SweepStore, report, progress) -> None:
         report({"phase": "repair", "chunk": i + 1, "chunks": store.num_chunks, "reason": why, "note": note})
 
 
-def _fly(config, static, values, store, chunk, progress, plots, t_start) -> SweepResult:
+def _fly(config, static, values, store, block, chunk, progress, plots, t_start) -> SweepResult:
     """Fly the chunks not yet done (all of them in memory), then aggregate and write."""
-    block = min(config.block_size, config.vehicles)
     num_chunks = -(-config.vehicles // chunk)
     done = set(store.completed()) if store else set()
     report = progress or (lambda event: None)

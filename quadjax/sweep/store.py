@@ -137,18 +137,14 @@ def _check_folder(root) -> Path:
     return root
 
 
-def _is_temporary(path: Path) -> bool:
-    return is_temporary(path)
-
-
 def _foreign(root: Path) -> list[str]:
     """What in ``root`` a sweep did not write (a folder without a manifest holds no sweep):
     everything but the lock file, this store's temporaries and an empty chunks/ folder."""
     found = []
     for entry in sorted(root.iterdir()):
-        if entry.name == LOCK or _is_temporary(entry):
+        if entry.name == LOCK or is_temporary(entry):
             continue
-        if entry.name == "chunks" and entry.is_dir() and all(_is_temporary(f) for f in entry.iterdir()):
+        if entry.name == "chunks" and entry.is_dir() and all(is_temporary(f) for f in entry.iterdir()):
             continue
         found.append(entry.name)
     return found
@@ -279,7 +275,7 @@ class SweepStore:
         chunks = root / "chunks"
         if chunks.is_dir():
             for f in chunks.iterdir():
-                if (f.name.startswith("chunk_") and f.name.endswith(".npz")) or _is_temporary(f):
+                if (f.name.startswith("chunk_") and f.name.endswith(".npz")) or is_temporary(f):
                     f.unlink()
         for name in OUTPUTS + ("manifest.json",):
             (root / name).unlink(missing_ok=True)
@@ -294,7 +290,7 @@ class SweepStore:
         for folder in (self.root, self.root / "chunks"):
             if folder.is_dir():
                 for f in folder.iterdir():
-                    if _is_temporary(f):
+                    if is_temporary(f):
                         f.unlink(missing_ok=True)
 
     def chunk_path(self, i: int) -> Path:
