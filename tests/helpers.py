@@ -111,3 +111,45 @@ def below_ground_edit(vehicle, tick, dz=-0.02):
         hit = (jnp.abs(state.position[0] - 10.0 * vehicle) < 1.0) & (k == tick)
         return state.replace(position=state.position.at[2].set(jnp.where(hit, dz, state.position[2])))
     return edit
+
+
+def varied_fleet(R, n, dtype, seed):
+    """n vehicles with every QuadParams leaf drawn per vehicle (valid ranges), airborne or
+    grounded states, commands around hover, dt per vehicle."""
+    rng = np.random.default_rng(seed)
+    vehicles = []
+    for i in range(n):
+        mass = rng.uniform(0.03, 3.0)
+        size = rng.uniform(0.02, 0.06) ** 2 * mass
+        xx, yy = size * rng.uniform(0.8, 1.0, 2)
+        J = np.diag([xx, yy, (xx + yy) * rng.uniform(0.8, 0.98)])  # principal moments: zz <= xx + yy
+        J[0, 1] = J[1, 0] = 0.05 * size * rng.uniform(-1, 1)
+        J[0, 2] = J[2, 0] = 0.03 * size * rng.uniform(-1, 1)
+        J[1, 2] = J[2, 1] = 0.03 * size * rng.uniform(-1, 1)
+        angle = 2 * np.pi * (np.arange(R) + 0.5) / R + rng.uniform(-0.1, 0.1, R)
+        arm = rng.uniform(0.05, 0.4) * rng.uniform(0.9, 1.1, R)
+        spins = rng.permutation(np.where(np.arange(R) % 2 == 0, 1.0, -1.0))  # any balanced CW/CCW order
+        omega_max = rng.uniform(500, 3000)
+        p = qj.QuadParams.create(
+            mass=mass, inertia=J, rotor_positions=np.stack([arm * np.cos(angle), arm * np.sin(angle),
+                                                            rng.uniform(-0.02, 0.02, R)], -1),
+            rotor_spins=spins, k_f=2.5 * mass * 9.81 / R / omega_max ** 2, k_m=rng.uniform(0.005, 0.03),
+            motor_tau=0.0 if i % 4 == 0 else rng.uniform(0.005, 0.08), omega_min=rng.uniform(0, 50),
+            omega_max=omega_max, drag_linear=rng.uniform(0, 0.3, 3) * mass,
+            drag_quadratic=rng.uniform(0, 0.05, 3) * mass, drag_rotational=rng.uniform(0, 20, 3) * size,
+            rotor_inertia=rng.uniform(0, 1e-3) * size, k_p=rng.uniform(0, 1e-8), battery_capacity=rng.uniform(1e3, 1e5),
+            battery_sag=rng.uniform(0, 0.3), ground_z=rng.uniform(-1, 1), gravity=rng.uniform(1.6, 11),
+            wind=rng.uniform(-3, 3, 3), dtype=dtype)
+        hover = np.sqrt(float(p.mass) * float(p.gravity) / R / float(p.k_f))  # the mean hover speed (an
+        # uneven layout's per-rotor trim may need negative thrust, and hover_rotor_speed is NaN there)
+        q = rng.normal(size=4)
+        grounded = i % 5 == 1
+        s = qj.QuadState.create(
+            position=(rng.uniform(-2, 2), rng.uniform(-2, 2), float(p.ground_z) + (0.0 if grounded else rng.uniform(0.01, 3))),
+            velocity=(0, 0, 0) if grounded else rng.uniform(-3, 3, 3), attitude=q / np.linalg.norm(q),
+            body_rates=(0, 0, 0) if grounded else rng.uniform(-2, 2, 3),
+            rotor_speeds=hover * rng.uniform(0.8, 1.2, R),
+            energy=rng.uniform(0, 1.2) * float(p.battery_capacity), on_ground=float(grounded), dtype=dtype)
+        u = jnp.asarray(hover * rng.uniform(0.7, 1.3, R), dtype)
+        vehicles.append((p, s, u, jnp.asarray(rng.uniform(2e-4, 4e-3), dtype)))
+    return vehicles

@@ -1,9 +1,11 @@
-"""The native CPU rollout kernel (quadjax.native) against the XLA rollout, the model it restates.
+"""The native CPU rollout kernel (quadjax.native) against the XLA rollout.
 
-The kernel is a second implementation of derivative + rk4_step, so these tests hold it to
-the JAX model term by term: every force and moment on (busy_params/busy_state), wind and
-wrench series, substeps, save strides, no motor lag, ground contact, 6 and 8 rotors,
-per-vehicle and nested batches, both dtypes. Derivatives always come from the XLA path.
+The kernel's step is generated from the JAX model (quadjax.native.kernel_step); these tests
+hold the compiled result to the XLA path: every QuadParams leaf varied per vehicle, every
+force and moment on (busy_params/busy_state), wind and wrench series, substeps, save
+strides, no motor lag, ground contact, 4, 6 and 8 rotors, per-vehicle and nested batches,
+both dtypes; a planted change to the model moves the kernel exactly as it moves XLA.
+Derivatives always come from the XLA path.
 """
 
 import os
@@ -19,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 import quadjax as qj
 import quadjax.native
 from quadjax import vehicle_axes
-from tests.helpers import busy_params, busy_state, leaves_close, leaves_equal
+from tests.helpers import busy_params, busy_state, leaves_close, leaves_equal, varied_fleet
 
 pytestmark = pytest.mark.skipif(not quadjax.native.available(),
                                 reason=f"native kernel: {quadjax.native.unavailable_reason()}")
@@ -77,6 +79,66 @@ def test_kernel_matches_xla_with_every_term_on(dtype):
         on_native, on_xla = native(states, u), xla(states, u)
         assert (on_native.backend, on_xla.backend) == ("native", "xla")
         leaves_close(on_native, on_xla, **TOL[dtype])
+
+
+@pytest.mark.parametrize("R", [4, 6, 8])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_kernel_equals_xla_with_every_params_leaf_varied_per_vehicle(R, dtype):
+    """Each vehicle its own inertia (with products), rotor positions and spin order, gravity,
+    ω limits, capacity, drags, wind, lag on or off (every 4th vehicle without), ground height
+    and dt; airborne and grounded starts. 11 vehicles: full and part-filled blocks of lanes."""
+    T = 25
+    fleet = varied_fleet(R, 11, dtype, seed=100 + R)
+    rng = np.random.default_rng(R)
+    stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *[(p, s, dt) for p, s, _, dt in fleet])
+    u = jnp.stack([u[None] * rng.uniform(0.9, 1.1, (T, R)) for _, _, u, _ in fleet]).astype(dtype)
+
+    def fly(backend):
+        config = qj.SimConfig(backend=backend, save_every=5)
+        return jax.jit(jax.vmap(lambda p, s, dt, u: qj.simulate(p, s, dt, commands=u, config=config)))
+
+    on_native, on_xla = fly("native")(*stacked, u), fly("xla")(*stacked, u)
+    assert (on_native.backend, on_xla.backend) == ("native", "xla")
+    assert np.all(np.isfinite(np.asarray(on_xla.final.position)))
+    leaves_close((on_native.final, on_native.states), (on_xla.final, on_xla.states),
+                 **TOL[jnp.float64 if dtype == "float64" else jnp.float32])
+
+
+PLANT = r"""
+import jax, jax.numpy as jnp, numpy as np, sys
+jax.config.update("jax_enable_x64", True)
+import quadjax as qj, quadjax.quadrotor
+if sys.argv[1] == "variant":  # one effect restated: rotational drag ∝ ω|ω| instead of ω
+    quadjax.quadrotor.rotational_drag_moment_c = lambda params, w: tuple(
+        -a * x * jnp.abs(x) * 50.0 for a, x in zip(params.drag_rotational, w))
+from tests.helpers import busy_params, busy_state
+p = busy_params(jnp.float64)
+s = busy_state(p, jnp.float64)
+u = jnp.tile(qj.hover_rotor_speed(p), (200, 1))
+out = [qj.simulate(p, s, 1e-3, commands=u, config=qj.SimConfig(backend=b, save_every=0)) for b in ("native", "xla")]
+assert [t.backend for t in out] == ["native", "xla"]
+np.save(sys.argv[2], np.stack([np.asarray(quadjax.native.pack_state(t.final)) for t in out]))
+"""
+
+
+def test_a_one_line_physics_change_moves_the_kernel_exactly_as_it_moves_xla(tmp_path):
+    """The proof that there is one source: plant a variant of one effect in the JAX model
+    (nothing else touched), in a fresh process with its own kernel cache. The kernel is
+    generated from the variant, and its result moves from the base exactly as XLA's does."""
+    results = {}
+    for which in ("base", "variant"):
+        cache = tmp_path / f"cache_{which}"
+        cache.mkdir(mode=0o700)
+        env = dict(os.environ, PYTHONPATH=REPO, QUADJAX_CACHE_DIR=str(cache))
+        out = subprocess.run([sys.executable, "-c", PLANT, which, str(tmp_path / which)], env=env,
+                             capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[which] = np.load(tmp_path / f"{which}.npy")
+    (native_base, xla_base), (native_variant, xla_variant) = results["base"], results["variant"]
+    change = xla_variant - xla_base
+    assert np.abs(change).max() > 1e-3  # the planted change matters
+    np.testing.assert_allclose(native_variant - native_base, change, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(native_variant, xla_variant, rtol=1e-12, atol=1e-12)
 
 
 def test_kernel_matches_xla_without_motor_lag_on_the_ground_and_with_six_and_eight_rotors():

@@ -1,26 +1,30 @@
-"""Native CPU kernel for the open-loop RK4 rollout, behind ``jax.ffi``.
+"""Native CPU kernel for the open-loop RK4 rollout, generated from the JAX model, behind ``jax.ffi``.
 
 The engine (:func:`quadjax.simulate`) uses it on the CPU backend (``backend="auto"``) for the
 library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce``;
 everything else, every other backend and every derivative (``jax.grad``, ``jvp``)
 take the XLA path, whose numbers it matches to rounding (tests/test_native.py).
 
-Why a second implementation: XLA's CPU backend compiles one RK4 step into ~150
-single-output loop fusions that each recompute the shared subexpressions they need,
-~9× the machine's limit (GUIDE §3, benchmarks/README.md). The kernel
-(``rollout.cc``) keeps one vehicle's whole step in vector registers, vehicles in SIMD
-lanes, runs the whole horizon in one call and spreads vehicles over XLA's intra-op
-thread pool.
+Why native code: XLA's CPU backend compiles one RK4 step into ~150 single-output loop fusions
+that each recompute the shared subexpressions they need (GUIDE §3, benchmarks/README.md).
 
-The kernel is compiled on first use with the system C++ compiler (``$CXX``, else
-``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached per user in
-:func:`cache_dir` (``$QUADJAX_CACHE_DIR``, default ``~/.cache/quadjax``) under a hash of the
-source, the compiler, the flags and the jaxlib version, with its sha256 beside it. Loading a
-library runs its code, so a cached one is loaded only if :func:`trust_problem` finds nothing
-wrong (private folder and file, digest equal); otherwise it is rebuilt once. A cache folder
-that is not private or not writable is not used: the kernel is built in a fresh private
-temporary folder instead, with a warning. Without a compiler, or with ``QUADJAX_NATIVE=0``,
-:func:`available` is False and everything runs on XLA (a warning, once).
+One statement of the physics: the kernel's step is *generated* from the same JAX function
+the XLA path runs (:func:`kernel_step`, i.e. ``quadjax.integrators.rk4_step_c``) by
+:func:`quadjax.native.generate.generate_kernel`, as straight-line C++ over GCC vector types
+(one vehicle per SIMD lane, what depends on the parameters alone hoisted out of the time
+loop). ``rollout.cc`` is only the harness: batch broadcasting, blocks, command staging,
+substeps, saving, threads and the FFI binding. The parameter and state layouts are the
+dataclasses' fields in order (:class:`quadjax.native.generate.Layout`); nothing restates them.
+
+The kernel for a dtype is generated and compiled on its first use with the system C++
+compiler (``$CXX``, else ``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached
+per user in :func:`cache_dir` (``$QUADJAX_CACHE_DIR``, default ``~/.cache/quadjax``) under a hash
+of the generated source, the compiler, the flags and the jaxlib version, with its sha256 beside
+it. Loading a library runs its code, so a cached one is loaded only if :func:`trust_problem`
+finds nothing wrong (private folder and file, digest equal); otherwise it is rebuilt once. A
+cache folder that is not private or not writable is not used: the kernel is built in a fresh
+private temporary folder instead, with a warning. Without a compiler, or with
+``QUADJAX_NATIVE=0``, :func:`available` is False and everything runs on XLA (a warning, once).
 """
 
 from __future__ import annotations
@@ -38,35 +42,80 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from quadjax._components import join_state, split, split_params, split_state
 from quadjax.files import write_atomic
+from quadjax.integrators import rk4_step_c
+from quadjax.native.generate import _VECTOR_PRELUDE, Layout, generate_kernel
 from quadjax.params import QuadParams
 from quadjax.state import QuadState
 
-SOURCE = Path(__file__).with_name("rollout.cc")
+HARNESS = Path(__file__).with_name("rollout.cc")
 ROTOR_COUNTS = (4, 6, 8)
 DTYPES = ("float32", "float64")
-# -ffp-contract=off: no FMA contraction, so SIMD and scalar lanes compute the same bits and a
-# vehicle's result never depends on its batch, block or shard (tested); FMA gave no measurable speed
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd",
-         "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w")
+VECTOR_BYTES = 32  # one AVX2 register per vector: wider types spill (measured: W = 16 floats is 5x slower)
+# -ffp-contract=off: no FMA contraction, so the generated code rounds as XLA's un-fused operations
+# and a vehicle's result never depends on its batch, lane or shard (tested)
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+         "-ffp-contract=off", "-w")
 
-# scalar parameter fields in the kernel's order (rollout.cc, enum Param); vectors flattened
-_FIXED = ("mass", "inertia", "k_f", "k_m", "motor_tau", "omega_min", "omega_max", "drag_linear",
-          "drag_quadratic", "drag_rotational", "rotor_inertia", "k_p", "battery_capacity",
-          "battery_sag", "ground_z", "gravity", "wind")
+
+def kernel_step(params_h, state: QuadState, command, wind, wrench) -> QuadState:
+    """The step the kernel runs, for one vehicle: ``rk4_step_c`` with this tick's ``wind``
+    (3,) in place of ``params.wind`` and the body ``wrench`` (6,) — exactly what the engine's
+    XLA path runs per substep (``quadjax.engine``). ``params_h`` = (params, h)."""
+    params, h = params_h
+    P = split_params(params).replace(wind=split(wind))
+    external = (split(wrench[:3]), split(wrench[3:]))
+    return join_state(rk4_step_c(P, split_state(state), split(command), h, external))
+
+
+def _example(rotors: int, dtype) -> dict:
+    """Abstract (ShapeDtypeStruct) arguments of :func:`kernel_step` for ``rotors`` and ``dtype``."""
+    def leaf(*shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    shapes = {"inertia": (3, 3), "rotor_positions": (rotors, 3), "rotor_spins": (rotors,), "drag_linear": (3,),
+              "drag_quadratic": (3,), "drag_rotational": (3,), "wind": (3,)}
+    params = QuadParams(**{f.name: leaf(*shapes.get(f.name, ())) for f in dataclasses.fields(QuadParams)})
+    state = QuadState(position=leaf(3), velocity=leaf(3), attitude=leaf(4), body_rates=leaf(3),
+                      rotor_speeds=leaf(rotors), energy=leaf(), on_ground=leaf())
+    return {"P": (params, leaf()), "S": state, "U": leaf(rotors), "Wd": leaf(3), "E": leaf(6)}
+
+
+def _struct(dtype, rotors: int) -> str:
+    return f"qj_{'f32' if np.dtype(dtype) == np.float32 else 'f64'}_r{rotors}"
+
+
+@functools.lru_cache(maxsize=None)
+def source(dtype: str) -> str:
+    """The kernel's whole C++ source for ``dtype``: the steps generated from :func:`kernel_step`
+    (one struct per rotor count), then the harness, then its FFI targets."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
+    lanes = VECTOR_BYTES // dtype.itemsize
+    parts = [_VECTOR_PRELUDE]
+    for R in ROTOR_COUNTS:
+        parts.append(generate_kernel(kernel_step, _example(R, dtype), carry="S", invariant=("P",),
+                                     namespace=_struct(dtype, R), lanes=lanes).source)
+    parts.append(HARNESS.read_text())
+    parts += [f"QUADJAX_ROLLOUT({_target(dtype, R)}, {_struct(dtype, R)});" for R in ROTOR_COUNTS]
+    return "\n".join(parts) + "\n"
 
 
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
 
 
-def kernel_filename(cxx: str | None = None) -> str:
-    """The cached library's file name: a hash of everything its bytes depend on (source,
-    compiler and its version, flags, jax, machine)."""
+def kernel_filename(dtype: str = "float32", cxx: str | None = None) -> str:
+    """The cached ``dtype`` library's file name: a hash of everything its bytes depend on
+    (the generated source, compiler and its version, flags, jax, machine)."""
     cxx = cxx or _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, c++, g++, clang++)")
@@ -74,7 +123,7 @@ def kernel_filename(cxx: str | None = None) -> str:
     if done.returncode:
         raise RuntimeError(f"{cxx} --version failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     key = hashlib.sha256(
-        SOURCE.read_bytes() + done.stdout.encode() + " ".join(FLAGS).encode()
+        source(dtype).encode() + done.stdout.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
     return f"quadjax_native_{key}.so"
@@ -147,14 +196,15 @@ def _usable_cache() -> tuple[Path, str | None]:
                            f"process only; set QUADJAX_CACHE_DIR to a folder of your own to keep the kernel")
 
 
-def _compile(cxx: str, lib: Path) -> Path:
+def _compile(cxx: str, lib: Path, text: str) -> Path:
     """Compile into a private temporary folder, then write the library and its digest into the
     cache atomically (:func:`quadjax.files.write_atomic`): a concurrent process (pytest -n) or
     a crash never leaves half a library under ``lib``; the digest goes first, so a library
     without its own digest is never trusted."""
     with tempfile.TemporaryDirectory(prefix="quadjax-build-") as build:
-        out = Path(build) / lib.name
-        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", "-o", str(out), str(SOURCE)]
+        out, cc = Path(build) / lib.name, Path(build) / "quadjax_native.cc"
+        cc.write_text(text)
+        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", "-o", str(out), str(cc)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -164,17 +214,17 @@ def _compile(cxx: str, lib: Path) -> Path:
     return write_atomic(lib, lambda f: f.write(data), mode=0o700)
 
 
-def _register(lib: Path) -> None:
+def _register(lib: Path, dtype) -> None:
     handle = ctypes.CDLL(str(lib))
-    for name in _target_names():
+    for name in (_target(dtype, R) for R in ROTOR_COUNTS):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
 
 
-def _build_and_register(notes: list) -> None:
+def _build_and_register(dtype, notes: list) -> None:
     """Load the cached kernel if it is trusted, else (re)build it, at most once. What the
     user should hear about the cache (not used, not trusted, rebuilt) goes into ``notes``."""
     cxx = _compiler()
-    name = kernel_filename(cxx)
+    name = kernel_filename(dtype, cxx)
     folder, note = _usable_cache()
     notes += [note] if note else []
     lib = folder / name
@@ -182,21 +232,23 @@ def _build_and_register(notes: list) -> None:
         why = trust_problem(lib)
         if why is None:
             try:
-                return _register(lib)
+                return _register(lib, dtype)
             except (OSError, AttributeError) as err:  # ours but unloadable (e.g. another libc)
                 why = f"{lib} did not load ({err})"
         notes.append(f"not loading the cached kernel: {why}; rebuilding it")
-    _register(_compile(cxx, lib))
+    _register(_compile(cxx, lib, source(dtype)), dtype)
 
 
-@functools.lru_cache(maxsize=1)
-def _load() -> str | None:
-    """Build, load and register the kernels; the reason they are unavailable, or None."""
+@functools.lru_cache(maxsize=None)
+def _load(dtype: str = "float32") -> str | None:
+    """Generate, build, load and register the ``dtype`` kernels; why they are unavailable, or None."""
     if os.environ.get("QUADJAX_NATIVE", "1") == "0":
         return "disabled by QUADJAX_NATIVE=0"
+    if dtype not in DTYPES:
+        return f"no kernel for {dtype} (only {DTYPES})"
     notes: list = []
     try:
-        _build_and_register(notes)
+        _build_and_register(dtype, notes)
     except Exception as e:  # noqa: BLE001 — any failure means: use XLA, and say why once
         warnings.warn(f"quadjax: native CPU kernel unavailable, using XLA ({'; '.join(notes + [str(e)])})",
                       RuntimeWarning, stacklevel=3)
@@ -206,22 +258,18 @@ def _load() -> str | None:
     return None
 
 
-def _target_names():
-    return [_target(np.dtype(d), r) for d in DTYPES for r in ROTOR_COUNTS]
-
-
 def _target(dtype, rotors: int) -> str:
-    return f"quadjax_rollout_{'f32' if dtype == np.float32 else 'f64'}_r{rotors}"
+    return f"quadjax_rollout_{'f32' if np.dtype(dtype) == np.float32 else 'f64'}_r{rotors}"
 
 
-def available() -> bool:
-    """True when the native kernel is built and registered (builds it on first call)."""
-    return _load() is None
+def available(dtype="float32") -> bool:
+    """True when the ``dtype`` kernel is built and registered (generates and builds it on first call)."""
+    return _load(np.dtype(dtype).name) is None
 
 
-def unavailable_reason() -> str | None:
+def unavailable_reason(dtype="float32") -> str | None:
     """Why :func:`available` is False (None when it is True)."""
-    return _load()
+    return _load(np.dtype(dtype).name)
 
 
 def supports(rotors: int, dtype) -> bool:
@@ -232,25 +280,25 @@ def supports(rotors: int, dtype) -> bool:
 # --------------------------------------------------------------------------- packing
 
 
-def pack_params(params: QuadParams, dt) -> jax.Array:
-    """(NP,) kernel parameter row: the fields of ``_FIXED`` flattened, rotors (x, y, spin), dt."""
-    fixed = [jnp.ravel(getattr(params, f)) for f in _FIXED]
-    rotors = jnp.stack([params.rotor_positions[:, 0], params.rotor_positions[:, 1], params.rotor_spins], -1)
-    return jnp.concatenate(fixed + [jnp.ravel(rotors), jnp.ravel(dt)])
+def pack_params(params: QuadParams, h) -> jax.Array:
+    """(N_P,) kernel parameter row: the QuadParams leaves in field order, raveled, then the step h
+    (the :class:`~quadjax.native.generate.Layout` of ``(params, h)``)."""
+    return jnp.concatenate([jnp.ravel(x) for x in jax.tree_util.tree_leaves((params, h))])
 
 
 def pack_state(state: QuadState) -> jax.Array:
-    """(..., 15 + R) kernel state rows (leading axes kept)."""
-    return jnp.concatenate([state.position, state.velocity, state.attitude, state.body_rates,
-                            state.rotor_speeds, state.energy[..., None], state.on_ground[..., None]], axis=-1)
+    """(..., 15 + R) kernel state rows: the QuadState leaves in field order (leading axes kept)."""
+    leaves = jax.tree_util.tree_leaves(state)
+    batch = jnp.shape(state.energy)
+    return jnp.concatenate([jnp.reshape(x, batch + (-1,)) for x in leaves], axis=-1)
 
 
 def unpack_state(x: jax.Array, rotors: int) -> QuadState:
     """Inverse of :func:`pack_state` on the last axis."""
-    r = 13 + rotors
-    return QuadState(position=x[..., 0:3], velocity=x[..., 3:6], attitude=x[..., 6:10],
-                     body_rates=x[..., 10:13], rotor_speeds=x[..., 13:r], energy=x[..., r],
-                     on_ground=x[..., r + 1])
+    layout = Layout.of(_example(rotors, x.dtype)["S"])
+    leaves = [jnp.reshape(x[..., k:k + int(np.prod(shape))], x.shape[:-1] + shape)
+              for _, shape, k in layout.entries]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(_example(rotors, x.dtype)["S"]), leaves)
 
 
 # --------------------------------------------------------------------------- the call
@@ -260,26 +308,25 @@ def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int
     """One vehicle's RK4 rollout in the kernel on a packed state ``x0`` (:func:`pack_state`);
     batch with ``jax.vmap``.
 
-    Inputs already checked and cast to one dtype by the engine. Returns the packed
-    ``(final, saved)`` (``saved`` None for ``save_every=0``). Not differentiable by itself:
-    the engine supplies the derivative.
+    Inputs already checked and cast to one dtype by the engine; ``wind`` (T, 3) / ``wrench``
+    (T, 6) or None (``params.wind``, no wrench). Returns the packed ``(final, saved)``
+    (``saved`` None for ``save_every=0``). Not differentiable by itself: the engine supplies
+    the derivative.
     """
-    if _load() is not None:
-        raise RuntimeError(f"quadjax native kernel unavailable: {_load()}")
     dtype = commands.dtype
+    if _load(dtype.name) is not None:
+        raise RuntimeError(f"quadjax native kernel unavailable: {_load(dtype.name)}")
     T, R = commands.shape
-    S = 15 + R
+    S = x0.shape[-1]
     slots = T // save_every if save_every else 0
     call = jax.ffi.ffi_call(
         _target(dtype, R),
         (jax.ShapeDtypeStruct((S,), dtype), jax.ShapeDtypeStruct((slots, S), dtype)),
         vmap_method="expand_dims",
     )
-    dummy = jnp.zeros((1,), dtype)
-    final, saved = call(
-        pack_params(params, dt), x0, commands,
-        dummy if wind is None else wind, dummy if wrench is None else wrench,
-        substeps=np.int64(substeps), save_every=np.int64(save_every),
-        has_wind=wind is not None, has_wrench=wrench is not None,
-    )
+    h = dt / substeps  # as the XLA path divides: the same bits
+    wind = params.wind[None] if wind is None else wind  # a series of length 1 is held
+    wrench = jnp.zeros((1, 6), dtype) if wrench is None else wrench
+    final, saved = call(pack_params(params, h), x0, commands, wind, wrench,
+                        substeps=np.int64(substeps), save_every=np.int64(save_every))
     return final, (saved if save_every else None)

@@ -16,18 +16,17 @@ float32 folds round as float32 arithmetic does) or the names of C locals. So
 An unsupported primitive raises :class:`UnsupportedPrimitive` naming it, at generation time.
 Repeated subexpressions of the trace are emitted once (value numbering).
 
-Two forms: :func:`generate`, one call of the function for one vehicle (scalar C); and
-:func:`generate_rollout`, a time loop over a block of W vehicles in SIMD lanes, with what
-depends on the parameters alone hoisted out of the loop. Not yet wired into the engine's
-kernel (``rollout.cc`` is still the hand-written form): that, the tangent and adjoint
-steps and the speed targets are the rest of issue 13.
+Two forms: :func:`generate`, one call of the function for one vehicle (scalar C, for tests
+and tools); and :func:`generate_kernel`, the engine's kernel step (quadjax.native): C++ over
+GCC vector types, W vehicles in the lanes of one SIMD register, every local a register value
+the compiler schedules and allocates as straight-line code, and what depends on the
+parameters alone hoisted into a prologue run once per block of vehicles.
 
 The layout of the flat input and output vectors is the pytree's leaves in order (for the
 dataclasses: their fields in declaration order), each raveled C-order: :class:`Layout`
 records it, so the harness never restates a field list. NaN semantics follow XLA: ``max``,
 ``min`` and ``clamp`` propagate NaN. The code is meant to be compiled with
-``-ffp-contract=off`` (no FMA), like the hand-written kernel, so it rounds as the model's
-un-fused XLA operations do.
+``-ffp-contract=off`` (no FMA), so it rounds as the model's un-fused XLA operations do.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ class Layout:
     def of(cls, tree) -> "Layout":
         entries, offset = [], 0
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            shape = tuple(np.shape(leaf))
+            shape = _shape(leaf)
             entries.append((jax.tree_util.keystr(path), shape, offset))
             offset += math.prod(shape)
         return cls(tuple(entries), offset)
@@ -103,27 +102,144 @@ class _Emitter:
         self.lines.append(f"  const {ctype} {name} = {expr};")
         return _Sym(name)
 
+    # how values and operations are spelled (scalar C here; vector lanes in _VectorEmitter)
+    def ctype(self, dtype) -> str:
+        return _CTYPE[np.dtype(dtype)]
 
-class _LaneEmitter(_Emitter):
-    """C over W lanes (one vehicle each): every local is an array ``vN[W]`` computed by a loop
-    the compiler vectorises. A local whose operands are all invariant (the parameters, dt and
-    what depends on them alone) goes to the prologue, computed once per block of vehicles
-    rather than every step: the loop-invariant code motion a call boundary would prevent."""
+    def expr(self, x, dtype) -> str:
+        return x if isinstance(x, _Sym) else _literal(x, np.dtype(dtype))
+
+    def spell(self, name: str, args: list, suffix: str) -> str:
+        """C for the element-wise primitive ``name`` on operand expressions ``args``."""
+        _, kind, sym = _ELEMENTWISE[name]
+        if kind == "op":
+            return f"({args[0]} {sym} {args[1]})"
+        if kind == "prefix":
+            return f"({sym}{args[0]})"
+        if kind == "nan":
+            return f"qj_{sym}_{suffix}({args[0]}, {args[1]})"
+        f = "f" if suffix == "f" else ""
+        if sym == "rsqrt":
+            return f"(1{'.0f' if f else '.0'} / sqrt{f}({args[0]}))"
+        if sym == "sign":
+            return f"(({args[0]} > 0) - ({args[0]} < 0))"
+        return f"{sym}{f}({', '.join(args)})"
+
+    def select(self, pred: str, on_true: str, on_false: str) -> str:
+        return f"({pred} ? {on_true} : {on_false})"
+
+    def convert(self, x: str, src, dst) -> str:
+        return f"({_CTYPE[np.dtype(dst)]})({x})"
+
+    def clamp(self, lo: str, x: str, hi: str, suffix: str) -> str:
+        return f"qj_min_{suffix}(qj_max_{suffix}({x}, {lo}), {hi})"
+
+    def call(self, name: str, args: list, suffix: str) -> str:
+        """A libm function of two arguments (fmod, pow)."""
+        return f"{name}{'f' if suffix == 'f' else ''}({', '.join(args)})"
+
+    def intdiv(self, a: str, b: str) -> str:
+        return f"({a} % {b})"
+
+
+class _VectorEmitter(_Emitter):
+    """C++ over a block of W vehicles, one per lane of GCC vector types (``V``: W floats, ``M``:
+    the W-lane mask comparisons yield), so that every local is a vector register value and the
+    compiler schedules and allocates the whole step as straight-line SIMD code. A local whose
+    operands are all invariant (the parameters and what depends on them alone) goes to the
+    prologue, stored in ``H`` once per block rather than recomputed every step."""
 
     def __init__(self, invariant: set):
         super().__init__()
         self.prologue: list[str] = []
-        self.declared: list[tuple[str, str]] = []
+        self.hoisted = 0
         self.invariant = set(invariant)
 
     def emit(self, name: str, deps, ctype: str, expr: str) -> _Sym:
-        self.declared.append((ctype, name))
-        sym = _Sym(f"{name}[l]")
-        fixed = all(d in self.invariant for d in deps if isinstance(d, _Sym))
-        (self.prologue if fixed else self.lines).append(f"    LANES {name}[l] = {expr};")
-        if fixed:
+        if ctype not in ("V", "M"):
+            raise UnsupportedPrimitive(f"quadjax.native.generate: a {ctype} value known only at run time "
+                                       f"cannot live in a vector lane ({expr})")
+        if all(d in self.invariant for d in deps if isinstance(d, _Sym)):
+            sym = _Sym(f"H[{self.hoisted}]")
+            self.hoisted += 1
+            self.prologue.append(f"  {sym} = {expr};" if ctype == "V" else f"  {sym} = qj_vfloat<V>({expr});")
+            # a hoisted mask is stored as 1/0 in H (a V array) and read back as a mask
+            sym = sym if ctype == "V" else _Sym(f"({sym} != V{{}})")
             self.invariant.add(sym)
-        return sym
+            return sym
+        self.lines.append(f"  const {ctype} {name} = {expr};")
+        return _Sym(name)
+
+    def ctype(self, dtype) -> str:
+        dtype = np.dtype(dtype)
+        return "V" if np.issubdtype(dtype, np.floating) else "M" if dtype == np.bool_ else _CTYPE.get(dtype, "?")
+
+    def expr(self, x, dtype) -> str:
+        if isinstance(x, _Sym):
+            return x
+        dtype = np.dtype(dtype)
+        if dtype == np.bool_:
+            return "(M{} - 1)" if bool(x) else "M{}"
+        if not np.issubdtype(dtype, np.floating):
+            raise UnsupportedPrimitive(f"quadjax.native.generate: a {dtype} constant in a vector lane")
+        return f"({_literal(x, dtype)} - V{{}})"  # broadcast; c − 0 keeps the sign of −0
+
+    def spell(self, name: str, args: list, suffix: str) -> str:
+        _, kind, sym = _ELEMENTWISE[name]
+        logical = {"and": "&", "or": "|", "not": "~"}
+        if name in logical:
+            return f"({args[0]} {logical[name]} {args[1]})" if len(args) == 2 else f"(~{args[0]})"
+        if kind == "op":
+            return f"({args[0]} {sym} {args[1]})"
+        if kind == "prefix":
+            return f"({sym}{args[0]})"
+        return f"qj_v{sym}({', '.join(args)})"
+
+    def convert(self, x: str, src, dst) -> str:
+        src, dst = np.dtype(src), np.dtype(dst)
+        if src == np.bool_ and np.issubdtype(dst, np.floating):
+            return f"qj_vfloat<V>({x})"
+        if np.issubdtype(src, np.floating) and dst == np.bool_:
+            return f"({x} != V{{}})"
+        raise UnsupportedPrimitive(f"quadjax.native.generate: convert {src} -> {dst} in a vector lane")
+
+    def clamp(self, lo: str, x: str, hi: str, suffix: str) -> str:
+        return f"qj_vmin(qj_vmax({x}, {lo}), {hi})"
+
+    def call(self, name: str, args: list, suffix: str) -> str:
+        return f"qj_v{name}({', '.join(args)})"
+
+    def intdiv(self, a: str, b: str) -> str:
+        raise UnsupportedPrimitive("quadjax.native.generate: integer remainder in a vector lane")
+
+
+_VECTOR_PRELUDE = """#include <cmath>
+#include <cstdint>
+// Lane-wise helpers over GCC vector types (quadjax.native.generate). XLA's max/min/clamp
+// propagate NaN, as these do; libm functions apply lane by lane (the compiler vectorises the
+// ones with a vector instruction: sqrt, fabs).
+template <class V> inline V qj_vmax(V a, V b) { return ((a != a) | (a > b)) ? a : b; }
+template <class V> inline V qj_vmin(V a, V b) { return ((a != a) | (a < b)) ? a : b; }
+template <class V, class M> inline V qj_vfloat(M m) { return m ? (V{} + 1) : V{}; }
+#define QJ_LANEWISE(NAME, EXPR)                                                    \
+  template <class V> inline V NAME(V a) {                                          \
+    V r;                                                                           \
+    for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) { auto x = a[l]; r[l] = EXPR; } \
+    return r;                                                                      \
+  }
+QJ_LANEWISE(qj_vsqrt, std::sqrt(x))
+QJ_LANEWISE(qj_vrsqrt, 1 / std::sqrt(x))
+QJ_LANEWISE(qj_vfabs, std::fabs(x))
+QJ_LANEWISE(qj_vexp, std::exp(x))
+QJ_LANEWISE(qj_vlog, std::log(x))
+QJ_LANEWISE(qj_vsin, std::sin(x))
+QJ_LANEWISE(qj_vcos, std::cos(x))
+QJ_LANEWISE(qj_vtanh, std::tanh(x))
+QJ_LANEWISE(qj_vsign, (x > 0) - (x < 0))
+#undef QJ_LANEWISE
+template <class V> inline V qj_vfmod(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::fmod(a[l], b[l]); return r; }
+template <class V> inline V qj_vpow(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::pow(a[l], b[l]); return r; }
+"""
 
 
 def _literal(x, dtype: np.dtype) -> str:
@@ -146,33 +262,29 @@ def _expr(x, dtype) -> str:
     return x if isinstance(x, _Sym) else _literal(x, dtype)
 
 
+def _same(a, b) -> bool:
+    """Two folded constants with the same bits (so a select between them is no select)."""
+    return np.asarray(a).tobytes() == np.asarray(b).tobytes() and np.asarray(a).dtype == np.asarray(b).dtype
+
+
 def _const(x, dtype):
     """A folded constant as a numpy scalar of ``dtype`` (so arithmetic rounds in it)."""
     return np.asarray(x, dtype=dtype)[()]
 
 
-# element-wise primitives: (numpy fold, C form taking (expressions, C suffix "d"/"f"))
-def _binary(op):
-    return lambda a, b, s: f"({a} {op} {b})"
-
-
-def _call(name):
-    return lambda *args: f"{name}{'f' if args[-1] == 'f' else ''}({', '.join(args[:-1])})"
-
-
+# element-wise primitives: numpy fold (at generation time), and how C spells them:
+# ("op", infix operator), ("prefix", operator), ("fn", libm name), ("nan", XLA's NaN-propagating max/min)
 _ELEMENTWISE = {
-    "add": (np.add, _binary("+")), "sub": (np.subtract, _binary("-")), "mul": (np.multiply, _binary("*")),
-    "div": (np.divide, _binary("/")), "neg": (np.negative, lambda a, s: f"(-{a})"),
-    "max": (np.fmax, lambda a, b, s: f"qj_max_{s}({a}, {b})"), "min": (np.fmin, lambda a, b, s: f"qj_min_{s}({a}, {b})"),
-    "gt": (np.greater, _binary(">")), "lt": (np.less, _binary("<")), "ge": (np.greater_equal, _binary(">=")),
-    "le": (np.less_equal, _binary("<=")), "eq": (np.equal, _binary("==")), "ne": (np.not_equal, _binary("!=")),
-    "and": (np.logical_and, _binary("&&")), "or": (np.logical_or, _binary("||")),
-    "not": (np.logical_not, lambda a, s: f"(!{a})"),
-    "sqrt": (np.sqrt, _call("sqrt")), "exp": (np.exp, _call("exp")), "log": (np.log, _call("log")),
-    "sin": (np.sin, _call("sin")), "cos": (np.cos, _call("cos")), "tanh": (np.tanh, _call("tanh")),
-    "abs": (np.abs, lambda a, s: f"fabs{'f' if s == 'f' else ''}({a})"),
-    "rsqrt": (lambda x: 1 / np.sqrt(x), lambda a, s: f"(1{'.0f' if s == 'f' else '.0'} / sqrt{'f' if s == 'f' else ''}({a}))"),
-    "sign": (np.sign, lambda a, s: f"(({a} > 0) - ({a} < 0))"),
+    "add": (np.add, "op", "+"), "sub": (np.subtract, "op", "-"), "mul": (np.multiply, "op", "*"),
+    "div": (np.divide, "op", "/"), "neg": (np.negative, "prefix", "-"),
+    "max": (np.fmax, "nan", "max"), "min": (np.fmin, "nan", "min"),
+    "gt": (np.greater, "op", ">"), "lt": (np.less, "op", "<"), "ge": (np.greater_equal, "op", ">="),
+    "le": (np.less_equal, "op", "<="), "eq": (np.equal, "op", "=="), "ne": (np.not_equal, "op", "!="),
+    "and": (np.logical_and, "op", "&&"), "or": (np.logical_or, "op", "||"), "not": (np.logical_not, "prefix", "!"),
+    "sqrt": (np.sqrt, "fn", "sqrt"), "exp": (np.exp, "fn", "exp"), "log": (np.log, "fn", "log"),
+    "sin": (np.sin, "fn", "sin"), "cos": (np.cos, "fn", "cos"), "tanh": (np.tanh, "fn", "tanh"),
+    "abs": (np.abs, "fn", "fabs"), "rsqrt": (lambda x: 1 / np.sqrt(x), "fn", "rsqrt"),
+    "sign": (np.sign, "fn", "sign"),
 }
 
 
@@ -225,46 +337,51 @@ class _Generator:
         return out, dtype
 
     def scalar(self, name, params, xs, dtypes, dtype):
+        out = self.out
         known = not any(isinstance(x, _Sym) for x in xs)
         suffix = "f" if dtype == np.float32 or (dtypes and dtypes[0] == np.float32) else "d"
-        ctype = _CTYPE[dtype]
+        ctype = out.ctype(dtype)
         if name == "select_n":
             pred, cases = xs[0], xs[1:]
             if not isinstance(pred, _Sym):
                 return cases[int(pred)]
             if len(cases) != 2:
                 raise UnsupportedPrimitive("quadjax.native.generate: select_n with more than two cases")
-            return self.out.local(xs, ctype, f"({pred} ? {_expr(cases[1], dtype)} : {_expr(cases[0], dtype)})")
+            if cases[0] is cases[1] or (not isinstance(cases[0], _Sym) and not isinstance(cases[1], _Sym)
+                                        and _same(cases[0], cases[1])):
+                return cases[0]
+            return out.local(xs, ctype, out.select(pred, out.expr(cases[1], dtype), out.expr(cases[0], dtype)))
         if name == "convert_element_type":
             if known:
                 return _const(xs[0], dtype)
-            return self.out.local(xs, ctype, f"({ctype})({xs[0]})")
+            if dtypes[0] == dtype:
+                return xs[0]
+            return out.local(xs, ctype, out.convert(xs[0], dtypes[0], dtype))
         if name in ("copy", "copy_p"):
             return xs[0]
         if name == "integer_pow":
             y = params["y"]
             if known:
                 return _const(np.asarray(xs[0]) ** y, dtype)
-            body = " * ".join([xs[0]] * abs(y)) if y else _literal(1, dtype)
-            return self.out.local(xs, ctype, f"({_literal(1, dtype)} / ({body}))" if y < 0 else f"({body})")
+            one = out.expr(_const(1, dtype), dtype)
+            body = " * ".join([xs[0]] * abs(y)) if y else one
+            return out.local(xs, ctype, f"({one} / ({body}))" if y < 0 else f"({body})")
         if name == "clamp":  # clamp(lo, x, hi)
             lo, x, hi = xs
             if known:
                 return _const(np.fmin(np.fmax(x, lo), hi) if not np.isnan(x) else x, dtype)
-            e = f"qj_min_{suffix}(qj_max_{suffix}({_expr(x, dtype)}, {_expr(lo, dtype)}), {_expr(hi, dtype)})"
-            return self.out.local(xs, ctype, e)
+            return out.local(xs, ctype, out.clamp(out.expr(lo, dtype), out.expr(x, dtype), out.expr(hi, dtype), suffix))
         if name == "rem":
             if known:
                 return _const(np.fmod(xs[0], xs[1]), dtype)
-            a, b = (_expr(x, d) for x, d in zip(xs, dtypes))
-            return self.out.local(xs, ctype, f"fmod{'f' if suffix == 'f' else ''}({a}, {b})" if np.issubdtype(
-                dtype, np.floating) else f"({a} % {b})")
+            a, b = (out.expr(x, d) for x, d in zip(xs, dtypes))
+            floating = np.issubdtype(dtype, np.floating)
+            return out.local(xs, ctype, out.call("fmod", [a, b], suffix) if floating else out.intdiv(a, b))
         if name == "pow":
             if known:
                 return _const(np.power(xs[0], xs[1]), dtype)
-            return self.out.local(xs, ctype, f"pow{'f' if suffix == 'f' else ''}({_expr(xs[0], dtypes[0])}, "
-                                         f"{_expr(xs[1], dtypes[1])})")
-        fold, form = _ELEMENTWISE[name]
+            return out.local(xs, ctype, out.call("pow", [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+        fold = _ELEMENTWISE[name][0]
         if known:
             with np.errstate(all="ignore"):
                 if name in ("max", "min"):  # XLA semantics: NaN wins
@@ -273,7 +390,7 @@ class _Generator:
                 else:
                     v = fold(*[_const(x, d) for x, d in zip(xs, dtypes)])
             return _const(v, dtype)
-        return self.out.local(xs, ctype, form(*[_expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+        return out.local(xs, ctype, out.spell(name, [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
 
     # ---- structure: names move, nothing is computed
     def p_broadcast_in_dim(self, eqn, ins, avals):
@@ -350,6 +467,35 @@ class _Generator:
         closed = eqn.params.get("call_jaxpr") or eqn.params["fun_jaxpr"]
         return self.run(closed.jaxpr, closed.consts, ins)
 
+    def p_platform_index(self, eqn, ins, avals):
+        """The generated code is the model's portable form: ``platform_dependent`` takes its
+        default branch (the one that is not, e.g., the native kernel on the CPU)."""
+        platforms = eqn.params["platforms"]
+        if None not in platforms:
+            raise UnsupportedPrimitive("quadjax.native.generate: platform_dependent without a default branch")
+        return [(np.asarray(_const(platforms.index(None), np.int32), dtype=object), np.dtype(np.int32))]
+
+    def p_cond(self, eqn, ins, avals):
+        """``lax.cond`` / ``switch``: the branch itself when the index is known; otherwise every
+        branch (they are pure) and a select per element of the results."""
+        (index, idtype), operands = ins[0], ins[1:]
+        branches = eqn.params["branches"]
+        index = index[()] if isinstance(index, np.ndarray) else index
+        if not isinstance(index, _Sym):
+            k = min(max(int(index), 0), len(branches) - 1)  # XLA clamps the index
+            return self.run(branches[k].jaxpr, branches[k].consts, operands)
+        if len(branches) != 2:
+            raise UnsupportedPrimitive("quadjax.native.generate: lax.switch over more than two branches at run time")
+        pred = self.scalar("ne", {}, [index, _const(0, idtype)], [idtype, idtype], np.dtype(np.bool_))
+        results = [self.run(b.jaxpr, b.consts, operands) for b in branches]
+        outs = []
+        for (x0, d), (x1, _) in zip(*results):
+            out = np.empty(x0.shape, object)
+            for idx in np.ndindex(x0.shape):
+                out[idx] = self.scalar("select_n", {}, [pred, x0[idx], x1[idx]], [np.dtype(np.bool_), d, d], d)
+            outs.append((out, d))
+        return outs
+
     def p_scan(self, eqn, ins, avals):
         p = eqn.params
         if p.get("reverse"):
@@ -367,12 +513,20 @@ class _Generator:
         return list(carry) + stacked
 
 
+def _shape(leaf) -> tuple:
+    return tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf)
+
+
+def _dtype(leaf) -> np.dtype:
+    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+
+
 def _named(leaves, name, start: int = 0) -> tuple[list, int]:
     """Each leaf's elements as C names ``name(k)``, k counting on from ``start`` in leaf and
     C order (the :class:`Layout` order); returns the object arrays and the next k."""
     arrays, k = [], start
     for leaf in leaves:
-        names = np.empty(np.shape(leaf), object)
+        names = np.empty(_shape(leaf), object)
         for idx in np.ndindex(names.shape):
             names[idx] = _Sym(name(k))
             k += 1
@@ -408,39 +562,65 @@ def generate(fn, example_args: tuple, name: str) -> tuple[str, Layout, Layout]:
     return source, Layout.of(example_args), Layout.of(out_tree)
 
 
-def generate_rollout(step, params, state, command, dt, name: str, lanes: int = 8) -> tuple[str, Layout, Layout]:
-    """C of ``void name(const T* P, T* S, const T* U, long steps)``: ``steps`` applications of
-    ``state = step(params, state, command[t], dt)`` to a block of ``lanes`` vehicles at once.
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """A generated block kernel (:func:`generate_kernel`): C++ source of one namespace, the
+    layout of each input, and how many hoisted values the prologue stores."""
 
-    Structure of arrays, lane fastest: ``P`` (NP, W) the parameters then dt (:class:`Layout`
-    of ``(params, dt)``), ``S`` (NS, W) the state, updated in place (:class:`Layout` of
-    ``state``), ``U`` (steps, R, W) the commands. What depends on the parameters and dt alone
-    is computed once, before the time loop; the rest every step, lane-parallel.
+    source: str
+    namespace: str
+    layouts: dict
+    hoisted: int
+    lanes: int
+
+
+def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace: str, lanes: int) -> KernelSource:
+    """C++ struct ``namespace`` with a block step over W = ``lanes`` vehicles in vector lanes.
+
+    ``step(*args.values())`` is traced for one vehicle; its result must have the layout of
+    ``args[carry]``. The struct defines ``W``, ``NH`` and ``N_<name>`` (each input's size),
+    the vector types ``V`` / ``M``, and
+
+    * ``void prologue(const V* <invariant...>, V* H)``: what depends on the ``invariant``
+      inputs alone, into ``H`` (NH values), once per block;
+    * ``void step(const V* H, V* / const V* <name>...)``: one step for W vehicles,
+      ``<carry>`` updated in place, every other input read.
+
+    Arrays are of vectors: element k of input ``x`` for lane l is ``x[k][l]`` (structure of
+    arrays, lane fastest), in the :class:`Layout` of ``args[name]``.
     """
-    closed = jax.make_jaxpr(step)(params, state, command, dt)
-    dtype = np.dtype(np.asarray(jax.tree_util.tree_leaves(state)[0]).dtype)
-    ctype = _CTYPE[dtype]
-    p_leaves, s_leaves = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(state)
-    R = int(np.shape(command)[-1])
-    # P holds the params then dt (the invariant inputs); the step takes (params, state, command, dt)
-    (*p_names, dt_name), _ = _named(p_leaves + [dt], lambda k: f"P[{k} * W + l]")
-    s_names, n_state = _named(s_leaves, lambda j: f"s{j}[l]")
-    (cmd,), _ = _named([command], lambda r: f"U[(t * {R} + {r}) * W + l]")
-    state_vars = [f"s{j}" for j in range(n_state)]
-    args = [(x, dtype) for x in p_names + s_names + [cmd, dt_name]]
-    out = _LaneEmitter({x for a in p_names + [dt_name] for x in a.flat})
-    outs = _Generator(out).run(closed.jaxpr, closed.consts, args)
-    flat_out = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
-    if len(flat_out) != len(state_vars):
-        raise ValueError(f"generate_rollout: the step returns {len(flat_out)} values for a state of {len(state_vars)}")
-    decl = [f"  {c} {n}[W];" for c, n in out.declared] + [f"  {ctype} {s}[W], n{s}[W];" for s in state_vars]
-    load = [f"  LANES {s}[l] = S[{i} * W + l];" for i, s in enumerate(state_vars)]
-    step_out = [f"    LANES n{s}[l] = ({ctype})({_expr(x, d)});" for s, (x, d) in zip(state_vars, flat_out)]
-    commit = [f"    LANES {s}[l] = n{s}[l];" for s in state_vars]
-    store = [f"  LANES S[{i} * W + l] = {s}[l];" for i, s in enumerate(state_vars)]
-    prologue = [line[2:] for line in out.prologue]
-    source = (_PRELUDE + f"#define W {lanes}\n#define LANES _Pragma(\"omp simd\") for (int l = 0; l < W; ++l)\n"
-              f"\nvoid {name}(const {ctype}* restrict P, {ctype}* restrict S, const {ctype}* restrict U, long steps) {{\n"
-              + "\n".join(decl + load + prologue) + "\n  for (long t = 0; t < steps; ++t) {\n"
-              + "\n".join(out.lines + step_out + commit) + "\n  }\n" + "\n".join(store) + "\n}\n")
-    return source, Layout.of((params, dt)), Layout.of(state)
+    values = list(args.values())
+    closed = jax.make_jaxpr(step)(*values)
+    leaves = jax.tree_util.tree_leaves(values)
+    dtypes = {_dtype(x) for x in leaves}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in (np.float32, np.float64):
+        raise ValueError(f"generate_kernel: every input leaf must share one dtype, float32 or float64 (got {dtypes})")
+    dtype = next(iter(dtypes))
+    named, invariant_syms = [], set()
+    for name, tree in args.items():
+        arrays, _ = _named(jax.tree_util.tree_leaves(tree), lambda k, n=name: f"{n}[{k}]")
+        named += arrays
+        if name in invariant:
+            invariant_syms |= {x for a in arrays for x in a.flat}
+    out = _VectorEmitter(invariant_syms)
+    outs = _Generator(out).run(closed.jaxpr, closed.consts, [(x, dtype) for x in named])
+    flat = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
+    layouts = {name: Layout.of(tree) for name, tree in args.items()}
+    if len(flat) != layouts[carry].size:
+        raise ValueError(f"generate_kernel: the step returns {len(flat)} values for a {carry} of {layouts[carry].size}")
+    F = _CTYPE[dtype]
+    mask = "int32_t" if dtype == np.float32 else "int64_t"
+    results = [f"  const V o{k} = {out.expr(x, d) if d != np.bool_ else f'qj_vfloat<V>({out.expr(x, d)})'};"
+               for k, (x, d) in enumerate(flat)]
+    stores = [f"  {carry}[{k}] = o{k};" for k in range(len(flat))]
+    ptrs = ", ".join(f"{'' if n == carry else 'const '}V* __restrict {n}" for n in args)
+    sizes = "".join(f"  static constexpr int N_{n} = {layouts[n].size};\n" for n in args)
+    inv = ", ".join(f"const V* __restrict {n}" for n in invariant)
+    source = (f"struct {namespace} {{\n  using F = {F};\n  static constexpr int W = {lanes};\n"
+              f"  typedef F V __attribute__((vector_size(W * sizeof(F))));\n"
+              f"  typedef {mask} M __attribute__((vector_size(W * sizeof(F))));\n"
+              f"  static constexpr int NH = {max(out.hoisted, 1)};\n{sizes}"
+              f"static inline void prologue({inv}, V* __restrict H) {{\n" + "\n".join(out.prologue) + "\n}\n"
+              f"static inline void step(const V* __restrict H, {ptrs}) {{\n"
+              + "\n".join(out.lines + results + stores) + "\n}\n};\n")
+    return KernelSource(source, namespace, layouts, out.hoisted, lanes)
