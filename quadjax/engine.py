@@ -316,8 +316,8 @@ def why_not_native(config: SimConfig, rotors: int, dtype) -> str | None:
         return f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
     if jax.default_backend() != "cpu":
         return "it is a CPU kernel"
-    if not native.available(dtype):
-        return native.unavailable_reason(dtype)
+    if not native.available(dtype, rotors):
+        return native.unavailable_reason(dtype, rotors)
     return None
 
 

@@ -152,13 +152,23 @@ def semi_implicit_euler_step(params: QuadParams, state: QuadState, command, dt) 
     return _array_form(semi_implicit_euler_step_c)(params, state, command, dt)
 
 
+_rk4_step_xla = _array_form(rk4_step_c)
+
+
 def rk4_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
     """Classical 4th-order Runge–Kutta, then attitude renormalisation and ground contact.
 
     k₁ = f(x), k₂ = f(x + dt/2 k₁), k₃ = f(x + dt/2 k₂), k₄ = f(x + dt k₃),
     x' = x + dt/6 (k₁ + 2k₂ + 2k₃ + k₄).
+
+    On the CPU backend this runs in the native kernel generated from this very step
+    (:func:`quadjax.native.kernel_rk4_step`), one call for a whole ``vmap``-ped batch;
+    elsewhere, and for its derivatives, as XLA operations. Both are the same function.
     """
-    return _array_form(rk4_step_c)(params, state, command, dt)
+    # imported here: quadjax.native generates its kernel from this module's rk4_step_c
+    from quadjax.native import kernel_rk4_step
+
+    return kernel_rk4_step(params, state, command, dt, fallback=_rk4_step_xla)
 
 
 #: the library's steppers and their component forms

@@ -1,7 +1,8 @@
 """C generated from the JAX model (quadjax.native.generate) against the model itself.
 
 The generated step is compiled with the system C compiler (no FMA contraction) and called
-through ctypes, one vehicle at a time; the reference is the XLA ``rk4_step``. Every leaf of
+through ctypes, one vehicle at a time; the reference is the XLA form of ``rk4_step`` (on the CPU
+``qj.rk4_step`` itself runs the native kernel, generated once per process). Every leaf of
 QuadParams varies per vehicle; 4, 6 and 8 rotors; both dtypes. A planted one-line change to
 the model reaches the generated code in exactly the same way, which is what "one source"
 means.
@@ -20,6 +21,7 @@ import pytest
 import quadjax as qj
 import quadjax.quadrotor
 from quadjax.native.generate import Layout, UnsupportedPrimitive, generate
+from quadjax.integrators import _rk4_step_xla as XLA_STEP
 from tests.helpers import varied_fleet
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -55,7 +57,7 @@ def test_generated_step_equals_the_model_with_every_leaf_varied(tmp_path, R, dty
     fleet = varied_fleet(R, 12, dtype, seed=R)
     source, layout_in, layout_out = generate(qj.rk4_step, fleet[0], "step")
     step = _compile(source, tmp_path)
-    reference = jax.jit(qj.rk4_step)
+    reference = jax.jit(XLA_STEP)
     names = [f.name for f in dataclasses.fields(qj.QuadParams)]
     varied = {n: len({tuple(np.ravel(np.asarray(getattr(v[0], n)))) for v in fleet}) for n in names}
     assert all(k > 1 for k in varied.values()), varied  # every leaf differs between vehicles
@@ -72,17 +74,17 @@ def test_a_one_line_physics_change_reaches_the_generated_code_in_the_same_way(tm
     generated code, traced again, moves exactly as the XLA model moves."""
     (args,) = varied_fleet(4, 1, "float64", seed=7)
     # fresh lambdas: make_jaxpr and jit cache traces by function, the model's module globals are read when tracing
-    source, _, layout_out = generate(lambda *a: qj.rk4_step(*a), args, "base")
+    source, _, layout_out = generate(lambda *a: XLA_STEP(*a), args, "base")
     base_c = _call(_compile(source, tmp_path, "base"), args, layout_out.size, "float64")
-    base_xla = _flat(jax.jit(lambda *a: qj.rk4_step(*a))(*args))
+    base_xla = _flat(jax.jit(lambda *a: XLA_STEP(*a))(*args))
 
     def quadratic_rate_drag(params, body_rates):
         return tuple(-a * w * jnp.abs(w) * 50.0 for a, w in zip(params.drag_rotational, body_rates))
 
     monkeypatch.setattr(quadjax.quadrotor, "rotational_drag_moment_c", quadratic_rate_drag)
-    source, _, _ = generate(lambda *a: qj.rk4_step(*a), args, "variant")
+    source, _, _ = generate(lambda *a: XLA_STEP(*a), args, "variant")
     variant_c = _call(_compile(source, tmp_path, "variant"), args, layout_out.size, "float64")
-    variant_xla = _flat(jax.jit(lambda *a: qj.rk4_step(*a))(*args))
+    variant_xla = _flat(jax.jit(lambda *a: XLA_STEP(*a))(*args))
     change = variant_xla - base_xla
     assert np.abs(change).max() > 1e-6  # the planted change matters
     np.testing.assert_allclose(variant_c - base_c, change, rtol=1e-9, atol=1e-13)

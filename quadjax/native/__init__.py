@@ -93,28 +93,24 @@ def _struct(dtype, rotors: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def source(dtype: str) -> str:
-    """The kernel's whole C++ source for ``dtype``: the steps generated from :func:`kernel_step`
-    (one struct per rotor count), then the harness, then its FFI targets."""
+def source(dtype: str, rotors: int) -> str:
+    """The kernel's whole C++ source for ``dtype`` and ``rotors``: the step generated from
+    :func:`kernel_step`, then the harness, then its FFI target."""
     dtype = np.dtype(dtype)
     if dtype == np.float64 and not jax.config.jax_enable_x64:
         raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
-    lanes = VECTOR_BYTES // dtype.itemsize
-    parts = [_VECTOR_PRELUDE]
-    for R in ROTOR_COUNTS:
-        parts.append(generate_kernel(kernel_step, _example(R, dtype), carry="S", invariant=("P",),
-                                     namespace=_struct(dtype, R), lanes=lanes).source)
-    parts.append(HARNESS.read_text())
-    parts += [f"QUADJAX_ROLLOUT({_target(dtype, R)}, {_struct(dtype, R)});" for R in ROTOR_COUNTS]
-    return "\n".join(parts) + "\n"
+    step = generate_kernel(kernel_step, _example(rotors, dtype), carry="S", invariant=("P",),
+                           namespace=_struct(dtype, rotors), lanes=VECTOR_BYTES // dtype.itemsize)
+    return "\n".join([_VECTOR_PRELUDE, step.source, HARNESS.read_text(),
+                      f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {_struct(dtype, rotors)});\n"])
 
 
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
 
 
-def kernel_filename(dtype: str = "float32", cxx: str | None = None) -> str:
-    """The cached ``dtype`` library's file name: a hash of everything its bytes depend on
+def kernel_filename(dtype: str = "float32", rotors: int = 4, cxx: str | None = None) -> str:
+    """The cached library's file name for ``dtype`` and ``rotors``: a hash of everything its bytes depend on
     (the generated source, compiler and its version, flags, jax, machine)."""
     cxx = cxx or _compiler()
     if cxx is None:
@@ -123,7 +119,7 @@ def kernel_filename(dtype: str = "float32", cxx: str | None = None) -> str:
     if done.returncode:
         raise RuntimeError(f"{cxx} --version failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     key = hashlib.sha256(
-        source(dtype).encode() + done.stdout.encode() + " ".join(FLAGS).encode()
+        source(np.dtype(dtype).name, rotors).encode() + done.stdout.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
     return f"quadjax_native_{key}.so"
@@ -214,17 +210,17 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
     return write_atomic(lib, lambda f: f.write(data), mode=0o700)
 
 
-def _register(lib: Path, dtype) -> None:
+def _register(lib: Path, dtype, rotors: int) -> None:
+    name = _target(dtype, rotors)
     handle = ctypes.CDLL(str(lib))
-    for name in (_target(dtype, R) for R in ROTOR_COUNTS):
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
 
 
-def _build_and_register(dtype, notes: list) -> None:
+def _build_and_register(dtype, rotors: int, notes: list) -> None:
     """Load the cached kernel if it is trusted, else (re)build it, at most once. What the
     user should hear about the cache (not used, not trusted, rebuilt) goes into ``notes``."""
     cxx = _compiler()
-    name = kernel_filename(dtype, cxx)
+    name = kernel_filename(dtype, rotors, cxx)
     folder, note = _usable_cache()
     notes += [note] if note else []
     lib = folder / name
@@ -232,23 +228,24 @@ def _build_and_register(dtype, notes: list) -> None:
         why = trust_problem(lib)
         if why is None:
             try:
-                return _register(lib, dtype)
+                return _register(lib, dtype, rotors)
             except (OSError, AttributeError) as err:  # ours but unloadable (e.g. another libc)
                 why = f"{lib} did not load ({err})"
         notes.append(f"not loading the cached kernel: {why}; rebuilding it")
-    _register(_compile(cxx, lib, source(dtype)), dtype)
+    _register(_compile(cxx, lib, source(dtype, rotors)), dtype, rotors)
 
 
 @functools.lru_cache(maxsize=None)
-def _load(dtype: str = "float32") -> str | None:
-    """Generate, build, load and register the ``dtype`` kernels; why they are unavailable, or None."""
+def _load(dtype: str = "float32", rotors: int = 4) -> str | None:
+    """Generate, build, load and register the kernel for ``dtype`` and ``rotors``; why it is
+    unavailable, or None."""
     if os.environ.get("QUADJAX_NATIVE", "1") == "0":
         return "disabled by QUADJAX_NATIVE=0"
-    if dtype not in DTYPES:
-        return f"no kernel for {dtype} (only {DTYPES})"
+    if not supports(rotors, dtype):
+        return f"no kernel for {rotors} rotors in {dtype} (only {ROTOR_COUNTS} rotors in {DTYPES})"
     notes: list = []
     try:
-        _build_and_register(dtype, notes)
+        _build_and_register(dtype, rotors, notes)
     except Exception as e:  # noqa: BLE001 — any failure means: use XLA, and say why once
         warnings.warn(f"quadjax: native CPU kernel unavailable, using XLA ({'; '.join(notes + [str(e)])})",
                       RuntimeWarning, stacklevel=3)
@@ -262,14 +259,15 @@ def _target(dtype, rotors: int) -> str:
     return f"quadjax_rollout_{'f32' if np.dtype(dtype) == np.float32 else 'f64'}_r{rotors}"
 
 
-def available(dtype="float32") -> bool:
-    """True when the ``dtype`` kernel is built and registered (generates and builds it on first call)."""
-    return _load(np.dtype(dtype).name) is None
+def available(dtype="float32", rotors: int = 4) -> bool:
+    """True when the kernel for ``dtype`` and ``rotors`` is built and registered (generates and
+    builds it on the first call)."""
+    return _load(np.dtype(dtype).name, rotors) is None
 
 
-def unavailable_reason(dtype="float32") -> str | None:
+def unavailable_reason(dtype="float32", rotors: int = 4) -> str | None:
     """Why :func:`available` is False (None when it is True)."""
-    return _load(np.dtype(dtype).name)
+    return _load(np.dtype(dtype).name, rotors)
 
 
 def supports(rotors: int, dtype) -> bool:
@@ -314,19 +312,86 @@ def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int
     the derivative.
     """
     dtype = commands.dtype
-    if _load(dtype.name) is not None:
-        raise RuntimeError(f"quadjax native kernel unavailable: {_load(dtype.name)}")
     T, R = commands.shape
+    if not available(dtype, R):
+        raise RuntimeError(f"quadjax native kernel unavailable: {unavailable_reason(dtype, R)}")
     S = x0.shape[-1]
-    slots = T // save_every if save_every else 0
-    call = jax.ffi.ffi_call(
-        _target(dtype, R),
-        (jax.ShapeDtypeStruct((S,), dtype), jax.ShapeDtypeStruct((slots, S), dtype)),
-        vmap_method="expand_dims",
-    )
+    call = _ffi(dtype, R, (), S, T // save_every if save_every else 0)
     h = dt / substeps  # as the XLA path divides: the same bits
     wind = params.wind[None] if wind is None else wind  # a series of length 1 is held
     wrench = jnp.zeros((1, 6), dtype) if wrench is None else wrench
     final, saved = call(pack_params(params, h), x0, commands, wind, wrench,
                         substeps=np.int64(substeps), save_every=np.int64(save_every))
     return final, (saved if save_every else None)
+
+
+# --------------------------------------------------------------------------- rk4_step on the kernel
+
+
+def kernel_rk4_step(params: QuadParams, state: QuadState, command, dt, *, fallback):
+    """The library's ``rk4_step`` in the kernel where it applies (the CPU backend, 4, 6 or 8
+    rotors, params, state and command of one float dtype, the kernel available), else
+    ``fallback`` (the XLA form of the same step) itself.
+
+    The two are one function: the kernel is generated from the model the fallback runs, and a
+    trace holds both (``lax.platform_dependent``: the kernel on the CPU, the fallback on other
+    platforms; the code generator reads the fallback). Leading batch dimensions broadcast as
+    in ``fallback``; under ``jax.vmap`` the whole batch is one kernel call, so a user's own
+    ``lax.scan`` over ``jax.vmap(rk4_step)`` runs at the kernel's speed. Derivatives (jvp,
+    grad, jacfwd, under vmap and checkpoint) are the fallback's.
+    """
+    command = jnp.asarray(command)
+    dtype = jnp.result_type(state.energy)
+    leaves = jax.tree_util.tree_leaves((params, state)) + [command]
+    R = command.shape[-1] if command.ndim else 0
+    applies = (jax.default_backend() == "cpu" and supports(R, dtype) and params.rotor_spins.shape[-1] == R
+               and all(jnp.result_type(x) == dtype for x in leaves)
+               and (not hasattr(dt, "dtype") or jnp.result_type(dt) == dtype) and available(dtype, R))
+    if not applies:
+        return fallback(params, state, command, dt)
+    dt = jnp.asarray(dt, dtype)
+    return jax.lax.platform_dependent(params, state, command, dt, cpu=functools.partial(_kernel_step, fallback),
+                                      default=fallback)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _kernel_step(fallback, params, state, command, dt):
+    R = command.shape[-1]
+    example = _example(R, command.dtype)
+
+    def batch_of(tree, like):  # the leading dims beyond each leaf's own shape, broadcast over the leaves
+        return jnp.broadcast_shapes(*[jnp.shape(x)[:jnp.ndim(x) - len(e.shape)]
+                                      for x, e in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(like))])
+
+    p_batch = jnp.broadcast_shapes(batch_of(params, example["P"][0]), dt.shape)
+    s_batch = batch_of(state, example["S"])
+    batch = jnp.broadcast_shapes(p_batch, s_batch, command.shape[:-1])
+
+    def rows(tree, like, b):  # (..b, size) rows, left-padded with 1s to the rank of the batch
+        flat = [jnp.reshape(jnp.broadcast_to(x, b + e.shape), b + (-1,))
+                for x, e in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(like))]
+        x = jnp.concatenate(flat, axis=-1)
+        return jnp.reshape(x, (1,) * (len(batch) - len(b)) + x.shape)
+
+    P = rows((params, dt), example["P"], p_batch)
+    x0 = rows(state, example["S"], s_batch)
+    u = rows(command, example["U"], command.shape[:-1])[..., None, :]
+    wind = rows(params.wind, example["Wd"], batch_of(params.wind, example["Wd"]))[..., None, :]
+    wrench = jnp.zeros((1,) * len(batch) + (1, 6), command.dtype)
+    final, _ = _ffi(command.dtype, R, batch, x0.shape[-1], 0)(P, x0, u, wind, wrench, substeps=np.int64(1),
+                                                              save_every=np.int64(0))
+    return unpack_state(final, R)
+
+
+@_kernel_step.defjvp
+def _kernel_step_jvp(fallback, primals, tangents):
+    return jax.jvp(fallback, primals, tangents)
+
+
+def _ffi(dtype, rotors: int, batch: tuple, width: int, slots: int):
+    """The kernel's FFI call for ``batch`` vehicles: (final, saved) rows."""
+    return jax.ffi.ffi_call(
+        _target(dtype, rotors),
+        (jax.ShapeDtypeStruct(batch + (width,), dtype), jax.ShapeDtypeStruct(batch + (slots, width), dtype)),
+        vmap_method="expand_dims",
+    )

@@ -1,0 +1,147 @@
+"""The generated native kernel against its targets (issue 13), in one run on this machine.
+
+    python benchmarks/native_kernel.py [--repeats 5] [--out benchmarks/out/native_kernel.md]
+
+float32, RK4, dt = 1 ms, RP-1 (motor lag on), final state only, per-vehicle commands 1 % above
+hover. Each row is the median of ``--repeats`` timed calls after a compile-and-warm-up call,
+wall and process-CPU time per vehicle-step, each configuration in its own subprocess; "1 core"
+rows pin that subprocess to one CPU (``os.sched_setaffinity``) so CPU time compares like for
+like with the single-threaded C reference (``../shared/perf``, built with ``-ffast-math``,
+fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
+
+* ``rollout``: ``simulate`` batched by ``map_vehicles`` (the kernel's whole horizon in one call);
+* ``scan(vmap(rk4_step))``: a user's own loop over the library's step (one kernel call per
+  step on the CPU), and the same loop over the XLA form of the step;
+* ``grad``: reverse mode of a 1 000-step rollout loss at N = 256 (the XLA path) against the
+  native forward of the same rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PERF = HERE.parent.parent / "shared" / "perf"
+
+
+def worker(case: dict) -> dict:
+    if case.get("one_core"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    import jax
+    import jax.numpy as jnp
+
+    import quadjax as qj
+    from quadjax.integrators import _rk4_step_xla
+
+    N, T, kind = case["N"], case["T"], case["kind"]
+    p = qj.presets.rp1("float32")
+    s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
+    u = qj.hover_rotor_speed(p) * jnp.full((N, T, 4), 1.01, jnp.float32)
+    states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), s0)
+    config = qj.SimConfig(save_every=0, backend="native")
+
+    def rollout(u):
+        return qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,)).final
+
+    def scan_of(step):
+        def fly(u):
+            tick = lambda s, u_t: (jax.vmap(step, in_axes=(None, 0, 0, None))(p, s, u_t, 1e-3), None)
+            return jax.lax.scan(tick, states, jnp.swapaxes(u, 0, 1))[0]
+        return fly
+
+    def loss(u):
+        final = rollout(u)
+        return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
+
+    fn = {"rollout": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(_rk4_step_xla),
+          "grad": jax.grad(loss), "forward": loss}[kind]
+    f = jax.jit(fn)
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(u))
+    first_s = time.perf_counter() - t0
+    walls, cpus = [], []
+    for _ in range(case["repeats"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(f(u))
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    steps = N * T
+    return {**case, "wall_ns": statistics.median(walls) / steps * 1e9, "cpu_ns": statistics.median(cpus) / steps * 1e9,
+            "wall_s": statistics.median(walls), "first_call_s": first_s}
+
+
+def run(case: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(case)], capture_output=True, text=True,
+                         timeout=1800)
+    if out.returncode:
+        return {**case, "error": out.stderr.strip()[-500:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def c_reference(n: int, steps: int) -> float | None:
+    script = PERF / "run_limit.sh"
+    if not script.exists():
+        return None
+    out = subprocess.run(["bash", str(script), str(n), str(steps)], capture_output=True, text=True, timeout=900)
+    m = re.search(r"([0-9.]+) ns/vehicle-step", out.stdout)
+    return float(m.group(1)) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "native_kernel.md")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    r = args.repeats
+    cases = {
+        "rollout N=4096, 1 core": dict(kind="rollout", N=4096, T=1000, one_core=True),
+        "rollout N=4096, 2 threads": dict(kind="rollout", N=4096, T=1000),
+        "rollout N=1": dict(kind="rollout", N=1, T=20000),
+        "scan(vmap(rk4_step)) N=4096, kernel": dict(kind="scan_kernel", N=4096, T=500),
+        "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
+        "rollout forward N=256, T=1000 (loss)": dict(kind="forward", N=256, T=1000),
+        "grad of it (XLA reverse)": dict(kind="grad", N=256, T=1000),
+    }
+    load0 = os.getloadavg()[0]
+    ref = c_reference(4096, 2000)
+    rows = {name: run({**c, "repeats": r}) for name, c in cases.items()}
+    load1 = os.getloadavg()[0]
+    lines = [f"float32, RK4, dt 1 ms, RP-1, final state only; medians of {r}; load average {load0:.2f} -> {load1:.2f}",
+             "", "| configuration | wall ns / vehicle-step | CPU ns / vehicle-step | ratio |", "|---|---:|---:|---|"]
+    if ref:
+        lines.append(f"| C reference (../shared/perf, 1 core, -ffast-math), N=4096 | {ref:.1f} | {ref:.1f} | 1 |")
+    base = rows["rollout N=4096, 2 threads"]
+    for name, row in rows.items():
+        if "error" in row:
+            lines.append(f"| {name} | error: {row['error'][-120:]} | | |")
+            continue
+        if name.startswith("rollout N=4096") and ref:
+            ratio = f"{row['cpu_ns'] / ref:.2f}x the C reference (CPU)"
+        elif name.startswith("scan(") and "error" not in base:
+            ratio = f"{row['wall_ns'] / base['wall_ns']:.2f}x rollout (wall)"
+        elif name.startswith("grad"):
+            fwd = rows["rollout forward N=256, T=1000 (loss)"]
+            ratio = f"{row['wall_s'] / fwd['wall_s']:.1f}x the native forward (wall)"
+        else:
+            ratio = ""
+        lines.append(f"| {name} | {row['wall_ns']:.1f} | {row['cpu_ns']:.1f} | {ratio} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
