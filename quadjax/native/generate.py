@@ -578,8 +578,8 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
     """C++ struct ``namespace`` with a block step over W = ``lanes`` vehicles in vector lanes.
 
     ``step(*args.values())`` is traced for one vehicle; its result must have the layout of
-    ``args[carry]``. The struct defines ``W``, ``NH`` and ``N_<name>`` (each input's size),
-    the vector types ``V`` / ``M``, and
+    ``args[carry]``. The struct defines ``W``, ``NH``, ``N_<name>`` (each input's size),
+    ``NL_<name>`` and ``L_<name>`` (its number of leaves and their sizes), the vector types ``V`` / ``M``, and
 
     * ``void prologue(const V* <invariant...>, V* H)``: what depends on the ``invariant``
       inputs alone, into ``H`` (NH values), once per block;
@@ -614,7 +614,10 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
                for k, (x, d) in enumerate(flat)]
     stores = [f"  {carry}[{k}] = o{k};" for k in range(len(flat))]
     ptrs = ", ".join(f"{'' if n == carry else 'const '}V* __restrict {n}" for n in args)
-    sizes = "".join(f"  static constexpr int N_{n} = {layouts[n].size};\n" for n in args)
+    sizes = "".join(f"  static constexpr int N_{n} = {layouts[n].size};\n"
+                    f"  static constexpr int NL_{n} = {len(layouts[n].entries)};\n"
+                    f"  static constexpr int L_{n}[] = {{{', '.join(str(math.prod(e[1])) for e in layouts[n].entries)}}};\n"
+                    for n in args)
     inv = ", ".join(f"const V* __restrict {n}" for n in invariant)
     source = (f"struct {namespace} {{\n  using F = {F};\n  static constexpr int W = {lanes};\n"
               f"  typedef F V __attribute__((vector_size(W * sizeof(F))));\n"

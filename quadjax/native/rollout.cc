@@ -6,7 +6,7 @@
 //   K::prologue(P, H)                 what depends on the parameters alone, once per block
 //   K::step(H, P, S, U, Wd, E)        one RK4 step (quadjax.integrators.rk4_step_c) for W vehicles
 // over GCC vector types (K::V: W lanes, one vehicle each), and pastes it above this file with
-// one QUADJAX_ROLLOUT line per struct below it. This file keeps only what is not physics:
+// its QUADJAX_ROLLOUT and QUADJAX_STEP lines below it. This file keeps only what is not physics:
 // batch broadcasting, blocks of W vehicles, command staging, substeps, saving, threads, FFI.
 //
 // Layouts (row-major; leading "batch" dims broadcast against the outputs' batch dims, each
@@ -17,6 +17,8 @@
 //   wind     (..., Tw, 3)    world wind per tick; Tw = 1: held for the whole call
 //   wrench   (..., Tr, 6)    body force, moment per tick; Tr = 1: held
 // Results: final (..., N_S); saved (..., T / save_every, N_S) (empty when save_every = 0).
+// The step entry point takes the state as its 7 QuadState leaves, each (..., width), one command
+// row (..., 1, R), and returns the 7 leaves.
 
 #include <algorithm>
 #include <atomic>
@@ -45,6 +47,7 @@ struct Broadcast {
   std::vector<int64_t> out_dims, strides;  // strides in rows; 0 where the input dim is 1
   bool ok = true, same = false, shared = false;  // batch dims equal to the outputs' / all 1
 
+  Broadcast() = default;
   Broadcast(ffi::Span<const int64_t> out, ffi::Span<const int64_t> in, int core_rank) {
     int rank = static_cast<int>(out.size());
     if (static_cast<int>(in.size()) != rank + core_rank) { ok = false; return; }
@@ -76,12 +79,25 @@ struct Broadcast {
   }
 };
 
+// A run of the state's leaves: `width` values per vehicle at `offset` in the kernel's state, read
+// from `in` (rows broadcast by `b`) and the final values written to `out`. The rollout passes the
+// packed state as one segment; the step (a user's rk4_step) passes each QuadState leaf, so that
+// XLA never packs or unpacks rows around the call.
+template <typename F>
+struct Segment {
+  const F* in;
+  F* out;
+  int width, offset;
+  Broadcast b;
+};
+
 template <typename F>
 struct Job {
-  const F *params, *state, *commands, *wind, *wrench;
-  F *final_state, *saved;
-  Broadcast bp, bs, bc, bw, br;
+  const F *params, *commands, *wind, *wrench;
+  F* saved;
+  Broadcast bp, bc, bw, br;
   int64_t T, Tw, Tr, save_every, substeps;
+  std::vector<Segment<F>> state;
 };
 
 // One block's working set: W vehicles in vector lanes.
@@ -116,7 +132,7 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
     wrow[j] = job.bw.row(v);
     rrow[j] = job.br.row(v);
     if (!reuse) Gather(B.p, job.params + job.bp.row(v) * NP, NP, j);
-    Gather(B.s, job.state + job.bs.row(v) * NS, NS, j);
+    for (const auto& seg : job.state) Gather(B.s + seg.offset, seg.in + seg.b.row(v) * seg.width, seg.width, j);
   }
   if (!reuse) K::prologue(B.p, B.H);
   B.params_ready = job.bp.shared;
@@ -148,8 +164,9 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       }
     }
   }
-  for (int j = 0; j < count; ++j)
-    for (int i = 0; i < NS; ++i) job.final_state[(v0 + j) * NS + i] = B.s[i][j];
+  for (const auto& seg : job.state)
+    for (int j = 0; j < count; ++j)
+      for (int i = 0; i < seg.width; ++i) seg.out[(v0 + j) * seg.width + i] = B.s[seg.offset + i][j];
 }
 
 // Blocks handed out to the calling thread and to helpers on XLA's intra-op pool. The caller
@@ -165,43 +182,10 @@ struct Pool {
   std::function<void()> work;
 };
 
+// Every vehicle of the batch through the job, in blocks of W, on the calling thread and helpers.
 template <class K>
-ffi::Error Rollout(ffi::ThreadPool pool, ffi::Buffer<DataTypeOf<typename K::F>::value> params,
-                   ffi::Buffer<DataTypeOf<typename K::F>::value> state,
-                   ffi::Buffer<DataTypeOf<typename K::F>::value> commands,
-                   ffi::Buffer<DataTypeOf<typename K::F>::value> wind,
-                   ffi::Buffer<DataTypeOf<typename K::F>::value> wrench,
-                   ffi::ResultBuffer<DataTypeOf<typename K::F>::value> final_state,
-                   ffi::ResultBuffer<DataTypeOf<typename K::F>::value> saved, int64_t substeps,
-                   int64_t save_every) {
-  using F = typename K::F;
-  constexpr int W = K::W, R = K::N_U;
-  auto fdims = final_state->dimensions();
-  if (fdims.size() == 0 || fdims.back() != K::N_S) return ffi::Error::InvalidArgument("quadjax native: bad state width");
-  ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
-  int64_t n = 1;
-  for (int64_t d : batch) n *= d;
-  auto cdims = commands.dimensions(), wdims = wind.dimensions(), rdims = wrench.dimensions();
-  if (cdims.size() < 2 || cdims.back() != R || wdims.size() < 2 || wdims.back() != K::N_Wd || rdims.size() < 2 ||
-      rdims.back() != K::N_E)
-    return ffi::Error::InvalidArgument("quadjax native: bad commands, wind or wrench shape");
-  const int64_t T = cdims[cdims.size() - 2], Tw = wdims[wdims.size() - 2], Tr = rdims[rdims.size() - 2];
-  if (substeps < 1 || save_every < 0 || (save_every > 0 && T % save_every != 0) || (Tw != 1 && Tw != T) ||
-      (Tr != 1 && Tr != T))
-    return ffi::Error::InvalidArgument("quadjax native: bad substeps, save_every or series length");
-  Job<F> job{params.typed_data(), state.typed_data(), commands.typed_data(), wind.typed_data(),
-             wrench.typed_data(), final_state->typed_data(), saved->typed_data(),
-             Broadcast(batch, params.dimensions(), 1), Broadcast(batch, state.dimensions(), 1),
-             Broadcast(batch, commands.dimensions(), 2), Broadcast(batch, wind.dimensions(), 2),
-             Broadcast(batch, wrench.dimensions(), 2), T, Tw, Tr, save_every, substeps};
-  if (!job.bp.ok || !job.bs.ok || !job.bc.ok || !job.bw.ok || !job.br.ok || params.dimensions().back() != K::N_P ||
-      state.dimensions().back() != K::N_S)
-    return ffi::Error::InvalidArgument("quadjax native: input shapes do not broadcast to the batch");
-  if (T == 0) {  // no ticks: the final state is the initial one
-    for (int64_t v = 0; v < n; ++v)
-      std::copy_n(job.state + job.bs.row(v) * K::N_S, K::N_S, job.final_state + v * K::N_S);
-    return ffi::Error::Success();
-  }
+void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
+  constexpr int W = K::W;
   const int64_t blocks = (n + W - 1) / W;
   auto shared = std::make_shared<Pool>();
   shared->work = [&job, blocks, n, next = &shared->next] {
@@ -211,7 +195,7 @@ ffi::Error Rollout(ffi::ThreadPool pool, ffi::Buffer<DataTypeOf<typename K::F>::
   };
   // XLA's intra-op pool: worth it only with several blocks and enough steps per block
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), blocks) - 1;
-  if (helpers > 0 && n * T * substeps >= (int64_t{1} << 12)) {
+  if (helpers > 0 && n * job.T * job.substeps >= (int64_t{1} << 12)) {
     for (int64_t i = 0; i < helpers; ++i)
       pool.Schedule([shared] {
         {
@@ -228,21 +212,123 @@ ffi::Error Rollout(ffi::ThreadPool pool, ffi::Buffer<DataTypeOf<typename K::F>::
   std::unique_lock<std::mutex> lock(shared->mu);
   shared->closed = true;  // helpers not yet started will not touch this call's buffers
   shared->cv.wait(lock, [&] { return shared->running == 0; });
+}
+
+template <typename F>
+using Buf = ffi::Buffer<DataTypeOf<F>::value>;
+template <typename F>
+using Out = ffi::ResultBuffer<DataTypeOf<F>::value>;
+
+// The checks shared by both entry points; fills the job's inputs and series lengths.
+template <class K>
+ffi::Error Prepare(Job<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<typename K::F>& params,
+                   Buf<typename K::F>& commands, Buf<typename K::F>& wind, Buf<typename K::F>& wrench) {
+  auto cdims = commands.dimensions(), wdims = wind.dimensions(), rdims = wrench.dimensions();
+  if (cdims.size() < 2 || cdims.back() != K::N_U || wdims.size() < 2 || wdims.back() != K::N_Wd || rdims.size() < 2 ||
+      rdims.back() != K::N_E || params.dimensions().back() != K::N_P)
+    return ffi::Error::InvalidArgument("quadjax native: bad params, commands, wind or wrench shape");
+  job.T = cdims[cdims.size() - 2];
+  job.Tw = wdims[wdims.size() - 2];
+  job.Tr = rdims[rdims.size() - 2];
+  if ((job.Tw != 1 && job.Tw != job.T) || (job.Tr != 1 && job.Tr != job.T))
+    return ffi::Error::InvalidArgument("quadjax native: a wind or wrench series of neither 1 nor T rows");
+  job.params = params.typed_data();
+  job.commands = commands.typed_data();
+  job.wind = wind.typed_data();
+  job.wrench = wrench.typed_data();
+  job.bp = Broadcast(batch, params.dimensions(), 1);
+  job.bc = Broadcast(batch, commands.dimensions(), 2);
+  job.bw = Broadcast(batch, wind.dimensions(), 2);
+  job.br = Broadcast(batch, wrench.dimensions(), 2);
+  for (const auto& seg : job.state)
+    if (!seg.b.ok) return ffi::Error::InvalidArgument("quadjax native: state shapes do not broadcast to the batch");
+  if (!job.bp.ok || !job.bc.ok || !job.bw.ok || !job.br.ok)
+    return ffi::Error::InvalidArgument("quadjax native: input shapes do not broadcast to the batch");
+  return ffi::Error::Success();
+}
+
+inline int64_t Count(ffi::Span<const int64_t> batch) {
+  int64_t n = 1;
+  for (int64_t d : batch) n *= d;
+  return n;
+}
+
+// The open loop: T ticks of `substeps` steps on packed state rows, every save_every-th state kept.
+template <class K>
+ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
+                   Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
+                   Out<typename K::F> final_state, Out<typename K::F> saved, int64_t substeps, int64_t save_every) {
+  using F = typename K::F;
+  auto fdims = final_state->dimensions();
+  if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
+    return ffi::Error::InvalidArgument("quadjax native: bad state width");
+  ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
+  Job<F> job{};
+  job.state.push_back({state.typed_data(), final_state->typed_data(), K::N_S, 0, Broadcast(batch, state.dimensions(), 1)});
+  if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
+  if (substeps < 1 || save_every < 0 || (save_every > 0 && job.T % save_every != 0))
+    return ffi::Error::InvalidArgument("quadjax native: bad substeps or save_every");
+  job.substeps = substeps;
+  job.save_every = save_every;
+  job.saved = saved->typed_data();
+  const int64_t n = Count(batch);
+  if (job.T == 0) {  // no ticks: the final state is the initial one
+    for (int64_t v = 0; v < n; ++v)
+      std::copy_n(job.state[0].in + job.state[0].b.row(v) * K::N_S, K::N_S, job.state[0].out + v * K::N_S);
+    return ffi::Error::Success();
+  }
+  Run<K>(pool, job, n);
+  return ffi::Error::Success();
+}
+
+// One step (quadjax.rk4_step) on the state's leaves, each (..., width), one command row (..., 1, R).
+template <class K>
+ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> s0, Buf<typename K::F> s1,
+                Buf<typename K::F> s2, Buf<typename K::F> s3, Buf<typename K::F> s4, Buf<typename K::F> s5,
+                Buf<typename K::F> s6, Buf<typename K::F> commands, Buf<typename K::F> wind,
+                Buf<typename K::F> wrench, Out<typename K::F> o0, Out<typename K::F> o1, Out<typename K::F> o2,
+                Out<typename K::F> o3, Out<typename K::F> o4, Out<typename K::F> o5, Out<typename K::F> o6) {
+  using F = typename K::F;
+  static_assert(K::NL_S == 7, "the state has 7 leaves");
+  Buf<F>* in[7] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6};
+  Out<F>* out[7] = {&o0, &o1, &o2, &o3, &o4, &o5, &o6};
+  auto odims = o0->dimensions();
+  ffi::Span<const int64_t> batch(odims.begin(), odims.size() - 1);
+  Job<F> job{};
+  for (int l = 0, offset = 0; l < 7; offset += K::L_S[l], ++l) {
+    if (in[l]->dimensions().back() != K::L_S[l] || (*out[l])->dimensions().back() != K::L_S[l] ||
+        (*out[l])->dimensions().size() != odims.size())
+      return ffi::Error::InvalidArgument("quadjax native: bad state leaf shape");
+    job.state.push_back({in[l]->typed_data(), (*out[l])->typed_data(), K::L_S[l], offset,
+                         Broadcast(batch, in[l]->dimensions(), 1)});
+  }
+  if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
+  if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
+  job.substeps = 1;
+  job.save_every = 0;
+  Run<K>(pool, job, Count(batch));
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-#define QUADJAX_ROLLOUT(NAME, K)                                                                 \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Rollout<K>),                                              \
-                                ffi::Ffi::Bind()                                                 \
-                                    .Ctx<ffi::ThreadPool>()                                      \
-                                    .Arg<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Arg<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Arg<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Arg<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Arg<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Ret<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Ret<ffi::Buffer<DataTypeOf<K::F>::value>>()            \
-                                    .Attr<int64_t>("substeps")                                   \
+#define QJ_BUF(K) ffi::Buffer<DataTypeOf<K::F>::value>
+#define QUADJAX_ROLLOUT(NAME, K)                                                                       \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Rollout<K>),                                                    \
+                                ffi::Ffi::Bind()                                                       \
+                                    .Ctx<ffi::ThreadPool>()                                            \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                                 \
+                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                                 \
+                                    .Attr<int64_t>("substeps")                                         \
                                     .Attr<int64_t>("save_every"))
+#define QUADJAX_STEP(NAME, K)                                                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Step<K>),                                                       \
+                                ffi::Ffi::Bind()                                                       \
+                                    .Ctx<ffi::ThreadPool>()                                            \
+                                    .Arg<QJ_BUF(K)>()                                                  \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>() \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>() \
+                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>())
