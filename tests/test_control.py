@@ -25,18 +25,42 @@ def closed_loop(plant, s0, law, ctrl, cs0, n):
     return traj.final, traj.ctrl_state, traj.states
 
 
+@functools.cache
+def pid_law(rates):
+    """One law object per CascadeRates: the law is a static argument of ``closed_loop``, and a
+    fresh ``functools.partial`` (hashed by identity) would compile it again on every call."""
+    return functools.partial(C.pid_control, rates=rates)
+
+
+#: ticks per ``closed_loop`` call in :func:`chained`: 0.5 s (every flight length there is a multiple)
+CHUNK = 250
+
+
+def chained(plant, s0, law, ctrl, cs0, n):
+    """``closed_loop`` for ``n`` ticks as n / CHUNK calls of CHUNK ticks, state and controller
+    state carried from one to the next: one compiled program for every flight length. Only for
+    references that do not depend on time (``Hover``): each call starts its clock at t = 0."""
+    assert n % CHUNK == 0 and isinstance(ctrl.reference, C.Hover), n
+    s, cs, pieces = s0, cs0, []
+    for _ in range(n // CHUNK):
+        s, cs, states = closed_loop(plant, s, law, ctrl, cs, CHUNK)
+        pieces.append(states)
+    return s, cs, jax.tree_util.tree_map(lambda *x: jnp.concatenate(x), *pieces)
+
+
 def fly(params, ref, state0, seconds, *, kind="pid", gains=None, rates=None, plant=None):
     """Closed-loop flight; returns (states (T, ...), final controller state)."""
     if kind == "pid":
         ctrl = C.PIDController.create(params, ref, gains)
         cs = C.pid_init(ctrl, state0)
-        law = functools.partial(C.pid_control, rates=rates or C.CascadeRates(dt=DT))
+        law = pid_law(rates or C.CascadeRates(dt=DT))
     else:
         ctrl = C.GeometricController.create(params, ref, gains)
         cs = C.geometric_init(ctrl, state0)
         law = C.geometric_control
     n = int(round(seconds / DT))
-    _, cs, states = closed_loop(plant or params, state0, law, ctrl, cs, n)
+    run = chained if isinstance(ref, C.Hover) else closed_loop
+    _, cs, states = run(plant or params, state0, law, ctrl, cs, n)
     return states, cs
 
 
@@ -72,10 +96,10 @@ def _windup_run(anti_windup):
     ref = C.Hover(position=a([0.0, 0.0, 30.0]), yaw=a(0.0))
     rates = C.CascadeRates(dt=DT, anti_windup=anti_windup)
     ctrl = C.PIDController.create(p, ref)
-    law = functools.partial(C.pid_control, rates=rates)
+    law = pid_law(rates)
     heavy = p.replace(gravity=a(3.6 * 9.80665))
-    s1, cs1, heavy_states = closed_loop(heavy, s0, law, ctrl, C.pid_init(ctrl, s0), 750)
-    _, _, after = closed_loop(p, s1, law, ctrl, cs1, 3000)
+    s1, cs1, heavy_states = chained(heavy, s0, law, ctrl, C.pid_init(ctrl, s0), 750)
+    _, _, after = chained(p, s1, law, ctrl, cs1, 3000)
     return cs1, heavy_states, after
 
 
@@ -125,6 +149,7 @@ def _tracking_loss(gains, ctrl, s0, n):
 
 
 VALUE_AND_GRAD = jax.jit(jax.value_and_grad(_tracking_loss), static_argnums=(3,))
+loss_value = jax.jit(_tracking_loss, static_argnums=(3,))  # one compilation for both tests below (n = 200)
 PLANT = qj.presets.rp1(dtype=F64)
 FIG8 = C.Figure8(center=a([0.0, 0.0, 2.0]), a=a(1.0), b=a(0.5), omega=a(0.8), yaw=a(0.0))
 
@@ -134,14 +159,13 @@ def test_gains_gradient_matches_finite_differences():
     s0 = qj.hover_state(PLANT, (0.0, 0.0, 2.0))
     gains = ctrl.gains
     n = 200
-    loss = jax.jit(_tracking_loss, static_argnums=(3,))
     _, g = VALUE_AND_GRAD(gains, ctrl, s0, n)
     for field in ("pos_p", "vel_p", "vel_i", "att_p", "rate_p", "rate_i"):
         value = getattr(gains, field)
         d = value * jnp.asarray([1.0, -0.5, 0.7])
         h = 1e-6
-        fd = (loss(gains.replace(**{field: value + h * d}), ctrl, s0, n)
-              - loss(gains.replace(**{field: value - h * d}), ctrl, s0, n)) / (2 * h)
+        fd = (loss_value(gains.replace(**{field: value + h * d}), ctrl, s0, n)
+              - loss_value(gains.replace(**{field: value - h * d}), ctrl, s0, n)) / (2 * h)
         ad = jnp.sum(getattr(g, field) * d)
         assert np.isfinite(float(ad))
         assert float(ad) == pytest.approx(float(fd), rel=1e-4, abs=1e-9), field
@@ -154,9 +178,8 @@ def test_vmap_over_vehicles_with_per_vehicle_gains_matches_a_loop():
     scales = jnp.asarray([0.7, 1.0, 1.3])
     batch = base.replace(pos_p=scales[:, None] * base.pos_p)
     axes = jax.tree_util.tree_map(lambda _: None, base).replace(pos_p=0)
-    batched = jax.jit(jax.vmap(lambda g: _tracking_loss(g, ctrl, s0, 150), in_axes=(axes,)))(batch)
-    single = jax.jit(_tracking_loss, static_argnums=(3,))
-    loop = [single(base.replace(pos_p=k * base.pos_p), ctrl, s0, 150) for k in scales]
+    batched = jax.jit(jax.vmap(lambda g: _tracking_loss(g, ctrl, s0, 200), in_axes=(axes,)))(batch)
+    loop = [loss_value(base.replace(pos_p=k * base.pos_p), ctrl, s0, 200) for k in scales]
     np.testing.assert_allclose(batched, loop, rtol=1e-10)
     assert float(jnp.std(batched)) > 0
 

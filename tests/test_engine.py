@@ -1,6 +1,7 @@
 """The engine (#4, qj.simulate): scan == Python loop, options, time-varying inputs, closed loop,
 batching, checkpoint, both backends, checked runs (monitor, checkify), boundary errors."""
 
+import functools
 import json
 
 import jax
@@ -321,6 +322,7 @@ def test_bad_options_raise_a_value_error_naming_them(kwargs, config, match):
 # --------------------------------------------------------------------------- checked runs
 
 N, T = 8, 20
+_BELOW_GROUND_5_7 = below_ground_edit(5, 7)  # one object: an edit is part of what is compiled
 
 
 @NEEDS_NATIVE
@@ -373,6 +375,21 @@ def test_checked_native_run_stops_only_the_planted_vehicles_and_replays_them(tmp
     assert not np.all(np.isfinite(np.asarray(r.after.position)))
 
 
+@functools.cache
+def _checkified_fleet(backend, edit):
+    """The checked fleet run, jitted once per (backend, edit): the NaN-command case and the clean
+    one differ only in the commands' values, so they share one compilation."""
+    cfg = qj.SimConfig(check="raise", backend=backend)
+
+    @jax.jit
+    @checkify.checkify
+    def debug(p, s, u):
+        return qj.map_vehicles(lambda s, u: qj.simulate(p, s, 1e-3, commands=u, edit=edit, config=cfg),
+                               (s, u), (0, 0))
+
+    return debug
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("plant", ["below_ground", "non_finite", None])
 def test_checkify_raises_naming_the_invariant_the_vehicle_and_the_tick(backend, plant):
@@ -380,18 +397,10 @@ def test_checkify_raises_naming_the_invariant_the_vehicle_and_the_tick(backend, 
     vehicle, tick = 5, 7
     edit = None
     if plant == "below_ground":
-        edit = below_ground_edit(vehicle, tick)
+        edit = _BELOW_GROUND_5_7
     elif plant == "non_finite":
         u = u.at[vehicle, tick, 0].set(jnp.nan)
-    cfg = qj.SimConfig(check="raise", backend=backend)
-
-    @jax.jit
-    @checkify.checkify
-    def debug(s, u):
-        return qj.map_vehicles(lambda s, u: qj.simulate(p, s, 1e-3, commands=u, edit=edit, config=cfg),
-                               (s, u), (0, 0))
-
-    err, traj = debug(s0, u)
+    err, traj = _checkified_fleet(backend, edit)(p, s0, u)
     if plant is None:
         assert err.get() is None
         err.throw()  # does not raise

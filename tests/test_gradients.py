@@ -38,8 +38,9 @@ def setup():
     rng = np.random.default_rng(7)
     commands = command_for(p) * jnp.asarray(rng.uniform(0.93, 1.07, (T, 4)))
     loss = jax.jit(_loss)
-    grad = jax.jit(jax.grad(_loss))(p, s, commands)
-    return p, s, commands, loss, grad
+    # the gradients with respect to the parameters and to the initial state: one compiled program
+    grad, grad_state = jax.jit(jax.grad(_loss, argnums=(0, 1)))(p, s, commands)
+    return p, s, commands, loss, grad, grad_state
 
 
 FIELDS = [f.name for f in dataclasses.fields(qj.QuadParams)]
@@ -47,7 +48,7 @@ FIELDS = [f.name for f in dataclasses.fields(qj.QuadParams)]
 
 @pytest.mark.parametrize("field", FIELDS)
 def test_simulation_gradient_matches_finite_differences(setup, field):
-    p, s, commands, loss, grad = setup
+    p, s, commands, loss, grad, _ = setup
     value = getattr(p, field)
     rng = np.random.default_rng(zlib.crc32(field.encode()))  # stable across runs (hash() is salted)
     direction = jnp.asarray(rng.normal(size=value.shape)) * (jnp.abs(value) + 1e-3 * (jnp.abs(value) == 0))
@@ -63,8 +64,7 @@ def test_simulation_gradient_matches_finite_differences(setup, field):
 
 
 def test_gradient_wrt_initial_state_matches_finite_differences(setup):
-    p, s, commands, loss, _ = setup
-    g = jax.grad(_loss, argnums=1)(p, s, commands)
+    p, s, commands, loss, _, g = setup
     d = jax.tree_util.tree_map(lambda x: jnp.asarray(np.random.default_rng(1).normal(size=x.shape)), s)
     d = d.replace(on_ground=jnp.asarray(0.0), attitude=d.attitude * 0.01, rotor_speeds=d.rotor_speeds * 10)
     g_dir = sum(float(jnp.sum(a * b)) for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(d)))

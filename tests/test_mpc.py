@@ -72,6 +72,14 @@ def jitted_hold():
     return jax.jit(lambda p, s, u: qj.simulate(p, s, TICK, commands=u[None], config=config).final)
 
 
+@pytest.fixture(scope="module", params=["mppi", "shooting", "ilqr"])
+def name(request):
+    """The solver of the parametrised tests. Module-scoped, so pytest runs each solver's tests one
+    after another: its control (compiled once per process, above) is used by all of them while it
+    is there, and under pytest-xdist they tend to land on the same worker (not one compile each)."""
+    return request.param
+
+
 def perturbed(p, dtype=F64, offset=(0.4, -0.3, -0.3), tilt=0.2, velocity=(0.3, 0.0, 0.0)):
     s = qj.hover_state(p, np.asarray(TARGET) + np.asarray(offset))
     return s.replace(attitude=quat_from_axis_angle(a([1.0, 0.0, 0.0], dtype), tilt), velocity=a(velocity, dtype))
@@ -227,6 +235,86 @@ def test_ilqr_is_the_riccati_solution_on_a_linear_quadratic_problem():
     assert float(one.initial_cost) > 2.0 * float(one.cost)
 
 
+# ---- each solver in closed loop ----------------------------------------------------
+
+HOVER_TOL = {"mppi": 0.1, "shooting": 0.02, "ilqr": 0.02}  # MPPI keeps a sampling jitter
+HOVER_TICKS = {"mppi": 150, "shooting": 100, "ilqr": 100}  # MPPI's averaging converges slower
+
+
+def test_vmap_over_vehicles_in_a_closed_loop_simulation_matches_single_runs():
+    """Two vehicles with different plants (mass +10 %), starts and PRNG keys, batched by vmap
+    inside one jitted closed-loop simulate, equal the same flights run one by one."""
+    name = "mppi"
+    cfg, params = problem(name)
+    p = params.model
+    plants = [p, p.replace(mass=a(1.1))]
+    starts = [perturbed(p), perturbed(p, offset=(-0.2, 0.3, 0.1), tilt=-0.1)]
+    keys = [jax.random.PRNGKey(1), jax.random.PRNGKey(2)]
+    stack = lambda xs: jax.tree_util.tree_map(lambda *v: jnp.stack(v), *xs)  # noqa: E731
+    ticks = 25
+
+    def one(plant, s0, key):
+        cs0 = cfg.init(params, s0, key)
+        return qj.simulate(plant, s0, TICK, controller=cfg.control, ctrl_params=params, ctrl_state=cs0,
+                           num_ticks=ticks, config=qj.SimConfig(substeps=SUBSTEPS))
+
+    traj = jax.jit(jax.vmap(one))(stack(plants), stack(starts), stack(keys))
+    cs, states, commands = traj.ctrl_state, traj.states, traj.commands
+    for i in range(2):
+        loop_states, loop_infos, loop_commands = fly_loop(name, params, plants[i], starts[i], ticks, keys[i])
+        np.testing.assert_allclose(states.position[i], loop_states.position, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(commands[i], loop_commands, rtol=1e-9)
+        np.testing.assert_allclose(cs.key[i], loop_infos.key[-1])
+    assert float(jnp.abs(states.position[0] - states.position[1]).max()) > 0.1
+
+
+def test_solver_stabilises_hover_and_lowers_the_cost_below_its_guess(name):
+    _, params = problem(name)
+    p = params.model
+    s0 = perturbed(p)
+    states, infos, commands = fly_loop(name, params, p, s0, ticks=HOVER_TICKS[name])
+    # the first solve (from hover commands) must improve on its guess by a wide margin
+    assert float(infos.cost[0]) < 0.5 * float(infos.guess_cost[0])
+    assert np.all(np.asarray(infos.cost) <= np.asarray(infos.guess_cost))
+    assert np.all(np.asarray(infos.status) == M.STATUS_OK)
+    err0 = float(jnp.linalg.norm(s0.position - a(TARGET)))
+    end = jax.tree_util.tree_map(lambda x: x[-10:], states)  # the last 0.2 s (of 2 or 3 s)
+    err = np.linalg.norm(np.asarray(end.position) - np.asarray(TARGET), axis=-1).max()
+    assert err < HOVER_TOL[name] < err0
+    assert np.linalg.norm(np.asarray(end.velocity), axis=-1).max() < 5 * HOVER_TOL[name]
+    q = np.asarray(end.attitude)
+    tilt = np.degrees(np.arccos(np.clip(1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2), -1, 1)))
+    assert tilt.max() < 5.0
+    u = np.asarray(commands)
+    assert np.all((u >= float(p.omega_min)) & (u <= float(p.omega_max)))
+
+
+def test_a_nonfinite_observation_keeps_the_plan_and_sets_a_status(name):
+    cfg, params = problem(name)
+    s0 = perturbed(params.model)
+    cs = cfg.init(params, s0)
+    _, cs = jitted_control(name)(params, cs, s0, 0.0)
+    bad = s0.replace(position=a([jnp.nan, 0.0, 2.0]))
+    u_bad, cs_bad = jitted_control(name)(params, cs, bad, TICK)
+    assert np.all(np.isfinite(np.asarray(u_bad)))
+    np.testing.assert_allclose(u_bad, cs.plan[0])  # the warm start's first node
+    assert int(cs_bad.status) & M.STATUS_NONFINITE_GUESS
+    assert np.all(np.isfinite(np.asarray(cs_bad.plan)))
+
+
+def test_float32_in_float32_out(name):
+    """Traced only (jax.eval_shape): the controller keeps the caller's float32."""
+    cfg, params = problem(name, jnp.float32)
+    s0 = qj.hover_state(params.model, TARGET)
+    cs = cfg.init(params, s0)
+    u, out = jax.eval_shape(cfg.control, params, cs, s0, 0.0)
+    assert u.dtype == jnp.float32 and u.shape == (4,)
+    assert out.plan.dtype == jnp.float32 and out.cost.dtype == jnp.float32
+
+
+# ---- iLQR near hover: placed after iLQR's closed-loop tests, whose compiled control it reuses -------
+
+
 def test_ilqr_near_hover_is_the_riccati_feedback_of_the_linearised_quadrotor():
     """Near an exact hover equilibrium the MPC problem is linear-quadratic to first order:
     (A, B) the node map's Jacobians, taken here by central differences (independent of the
@@ -258,83 +346,3 @@ def test_ilqr_near_hover_is_the_riccati_feedback_of_the_linearised_quadrotor():
         errors.append(np.abs(du - linear).max() / np.abs(linear).max())
     assert errors[0] < 0.02, errors
     assert errors[1] < 0.6 * errors[0], errors  # the residual shrinks with δ: it is the nonlinearity
-
-
-# ---- each solver in closed loop ----------------------------------------------------
-
-HOVER_TOL = {"mppi": 0.1, "shooting": 0.02, "ilqr": 0.02}  # MPPI keeps a sampling jitter
-HOVER_TICKS = {"mppi": 150, "shooting": 100, "ilqr": 100}  # MPPI's averaging converges slower
-
-
-@pytest.mark.parametrize("name", ["mppi", "shooting", "ilqr"])
-def test_solver_stabilises_hover_and_lowers_the_cost_below_its_guess(name):
-    _, params = problem(name)
-    p = params.model
-    s0 = perturbed(p)
-    states, infos, commands = fly_loop(name, params, p, s0, ticks=HOVER_TICKS[name])
-    # the first solve (from hover commands) must improve on its guess by a wide margin
-    assert float(infos.cost[0]) < 0.5 * float(infos.guess_cost[0])
-    assert np.all(np.asarray(infos.cost) <= np.asarray(infos.guess_cost))
-    assert np.all(np.asarray(infos.status) == M.STATUS_OK)
-    err0 = float(jnp.linalg.norm(s0.position - a(TARGET)))
-    end = jax.tree_util.tree_map(lambda x: x[-10:], states)  # the last 0.2 s (of 2 or 3 s)
-    err = np.linalg.norm(np.asarray(end.position) - np.asarray(TARGET), axis=-1).max()
-    assert err < HOVER_TOL[name] < err0
-    assert np.linalg.norm(np.asarray(end.velocity), axis=-1).max() < 5 * HOVER_TOL[name]
-    q = np.asarray(end.attitude)
-    tilt = np.degrees(np.arccos(np.clip(1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2), -1, 1)))
-    assert tilt.max() < 5.0
-    u = np.asarray(commands)
-    assert np.all((u >= float(p.omega_min)) & (u <= float(p.omega_max)))
-
-
-@pytest.mark.parametrize("name", ["mppi", "shooting", "ilqr"])
-def test_a_nonfinite_observation_keeps_the_plan_and_sets_a_status(name):
-    cfg, params = problem(name)
-    s0 = perturbed(params.model)
-    cs = cfg.init(params, s0)
-    _, cs = jitted_control(name)(params, cs, s0, 0.0)
-    bad = s0.replace(position=a([jnp.nan, 0.0, 2.0]))
-    u_bad, cs_bad = jitted_control(name)(params, cs, bad, TICK)
-    assert np.all(np.isfinite(np.asarray(u_bad)))
-    np.testing.assert_allclose(u_bad, cs.plan[0])  # the warm start's first node
-    assert int(cs_bad.status) & M.STATUS_NONFINITE_GUESS
-    assert np.all(np.isfinite(np.asarray(cs_bad.plan)))
-
-
-def test_vmap_over_vehicles_in_a_closed_loop_simulation_matches_single_runs():
-    """Two vehicles with different plants (mass +10 %), starts and PRNG keys, batched by vmap
-    inside one jitted closed-loop simulate, equal the same flights run one by one."""
-    name = "mppi"
-    cfg, params = problem(name)
-    p = params.model
-    plants = [p, p.replace(mass=a(1.1))]
-    starts = [perturbed(p), perturbed(p, offset=(-0.2, 0.3, 0.1), tilt=-0.1)]
-    keys = [jax.random.PRNGKey(1), jax.random.PRNGKey(2)]
-    stack = lambda xs: jax.tree_util.tree_map(lambda *v: jnp.stack(v), *xs)  # noqa: E731
-    ticks = 25
-
-    def one(plant, s0, key):
-        cs0 = cfg.init(params, s0, key)
-        return qj.simulate(plant, s0, TICK, controller=cfg.control, ctrl_params=params, ctrl_state=cs0,
-                           num_ticks=ticks, config=qj.SimConfig(substeps=SUBSTEPS))
-
-    traj = jax.jit(jax.vmap(one))(stack(plants), stack(starts), stack(keys))
-    cs, states, commands = traj.ctrl_state, traj.states, traj.commands
-    for i in range(2):
-        loop_states, loop_infos, loop_commands = fly_loop(name, params, plants[i], starts[i], ticks, keys[i])
-        np.testing.assert_allclose(states.position[i], loop_states.position, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(commands[i], loop_commands, rtol=1e-9)
-        np.testing.assert_allclose(cs.key[i], loop_infos.key[-1])
-    assert float(jnp.abs(states.position[0] - states.position[1]).max()) > 0.1
-
-
-@pytest.mark.parametrize("name", ["mppi", "shooting", "ilqr"])
-def test_float32_in_float32_out(name):
-    """Traced only (jax.eval_shape): the controller keeps the caller's float32."""
-    cfg, params = problem(name, jnp.float32)
-    s0 = qj.hover_state(params.model, TARGET)
-    cs = cfg.init(params, s0)
-    u, out = jax.eval_shape(cfg.control, params, cs, s0, 0.0)
-    assert u.dtype == jnp.float32 and u.shape == (4,)
-    assert out.plan.dtype == jnp.float32 and out.cost.dtype == jnp.float32

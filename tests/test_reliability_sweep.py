@@ -5,7 +5,7 @@ CLI errors and the size budget.
 
 The in-process sweeps share one compilation (blocks of 8 vehicles, 10 ticks, 4 kept
 trajectories): they differ only in numbers (seed, vehicle count). The child processes
-share a persistent compilation cache.
+share a persistent compilation cache with this process (the run's, from tests/conftest.py).
 """
 
 import json
@@ -78,8 +78,10 @@ def copy(finished, tmp_path):
 
 @pytest.fixture(scope="module")
 def child_env(tmp_path_factory):
-    """Environment of the child processes: x64 as in this process, one compilation cache."""
-    cache = tmp_path_factory.mktemp("jax_cache")
+    """Environment of the child processes: x64 as in this process, one compilation cache: this
+    run's (tests/conftest.py), which the in-process sweeps write too, so a child loads the
+    program that ``reference`` compiled (the same sweep) instead of compiling it again."""
+    cache = os.environ.get("QUADJAX_TEST_XLA_CACHE") or tmp_path_factory.mktemp("jax_cache")
     return dict(os.environ, JAX_ENABLE_X64="1", JAX_COMPILATION_CACHE_DIR=str(cache),
                 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
