@@ -12,8 +12,11 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
 * ``rollout``: ``simulate`` batched by ``map_vehicles`` (the kernel's whole horizon in one call);
 * ``scan(vmap(rk4_step))``: a user's own loop over the library's step (one kernel call per
   step on the CPU), and the same loop over the XLA form of the step;
-* ``grad``: reverse mode of a 1 000-step rollout loss at N = 256 (the XLA path) against the
-  native forward of the same rollout.
+* ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode with one
+  tangent (the generated tangent kernel) of a 1 000-step rollout loss at N = 256, against the
+  native forward of the same loss; and the same ``grad`` on the XLA backend.
+
+``--only SUBSTRING`` runs the rows whose name contains it (the C reference is then skipped).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def worker(case: dict) -> dict:
     s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
     u = qj.hover_rotor_speed(p) * jnp.full((N, T, 4), 1.01, jnp.float32)
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), s0)
-    config = qj.SimConfig(save_every=0, backend="native")
+    config = qj.SimConfig(save_every=0, backend="xla" if kind == "grad_xla" else "native")
 
     def rollout(u):
         return qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,)).final
@@ -61,8 +64,10 @@ def worker(case: dict) -> dict:
         final = rollout(u)
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
+    direction = jnp.ones_like(u)
     fn = {"rollout": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(_rk4_step_xla),
-          "grad": jax.grad(loss), "forward": loss}[kind]
+          "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
+          "jvp": lambda u: jax.jvp(loss, (u,), (direction,))}[kind]
     f = jax.jit(fn)
     t0 = time.perf_counter()
     jax.block_until_ready(f(u))
@@ -99,6 +104,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=HERE / "out" / "native_kernel.md")
+    ap.add_argument("--only", default="")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -112,17 +118,20 @@ def main():
         "scan(vmap(rk4_step)) N=4096, kernel": dict(kind="scan_kernel", N=4096, T=500),
         "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
         "rollout forward N=256, T=1000 (loss)": dict(kind="forward", N=256, T=1000),
-        "grad of it (XLA reverse)": dict(kind="grad", N=256, T=1000),
+        "grad of it (native adjoint)": dict(kind="grad", N=256, T=1000),
+        "jvp of it, one tangent (native tangent)": dict(kind="jvp", N=256, T=1000),
+        "grad of it on the XLA backend": dict(kind="grad_xla", N=256, T=1000),
     }
+    cases = {k: v for k, v in cases.items() if args.only in k or (args.only and k.startswith("rollout forward"))}
     load0 = os.getloadavg()[0]
-    ref = c_reference(4096, 2000)
+    ref = None if args.only else c_reference(4096, 2000)
     rows = {name: run({**c, "repeats": r}) for name, c in cases.items()}
     load1 = os.getloadavg()[0]
     lines = [f"float32, RK4, dt 1 ms, RP-1, final state only; medians of {r}; load average {load0:.2f} -> {load1:.2f}",
              "", "| configuration | wall ns / vehicle-step | CPU ns / vehicle-step | ratio |", "|---|---:|---:|---|"]
     if ref:
         lines.append(f"| C reference (../shared/perf, 1 core, -ffast-math), N=4096 | {ref:.1f} | {ref:.1f} | 1 |")
-    base = rows["rollout N=4096, 2 threads"]
+    base = rows.get("rollout N=4096, 2 threads", {"error": "not run"})
     for name, row in rows.items():
         if "error" in row:
             lines.append(f"| {name} | error: {row['error'][-120:]} | | |")
@@ -131,9 +140,10 @@ def main():
             ratio = f"{row['cpu_ns'] / ref:.2f}x the C reference (CPU)"
         elif name.startswith("scan(") and "error" not in base:
             ratio = f"{row['wall_ns'] / base['wall_ns']:.2f}x rollout (wall)"
-        elif name.startswith("grad"):
+        elif name.startswith(("grad", "jvp")):
             fwd = rows["rollout forward N=256, T=1000 (loss)"]
-            ratio = f"{row['wall_s'] / fwd['wall_s']:.1f}x the native forward (wall)"
+            ratio = (f"{row['wall_s'] / fwd['wall_s']:.1f}x the native forward (wall), "
+                     f"{row['cpu_ns'] / fwd['cpu_ns']:.1f}x (CPU)")
         else:
             ratio = ""
         lines.append(f"| {name} | {row['wall_ns']:.1f} | {row['cpu_ns']:.1f} | {ratio} |")

@@ -583,9 +583,9 @@ def _open_loop(params, state0, commands, dt, wind, wrench, config, on_native):
     """The whole horizon, no per-tick work: one kernel call, or the XLA scan on components."""
     R = commands.shape[1]
     if on_native:
-        final, saved = _native_rollout_core(params, native.pack_state(state0), commands, dt, wind, wrench,
-                                            _KernelOptions(config.substeps, config.save_every, config.checkpoint,
-                                                           config.unroll))
+        # differentiable: the kernel's own tangent and adjoint (quadjax.native.rollout_p)
+        final, saved = native.rollout(params, native.pack_state(state0), commands, dt, wind, wrench,
+                                      substeps=config.substeps, save_every=config.save_every)
         return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
     return _open_loop_xla(params, state0, commands, dt, wind, wrench, config)
 
@@ -609,43 +609,12 @@ def _open_loop_xla(params, state0, commands, dt, wind, wrench, config):
     return join_state(final), states
 
 
-class _KernelOptions(NamedTuple):
-    substeps: int
-    save_every: int
-    checkpoint: bool
-    unroll: int
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
-def _native_rollout_core(params, x0, commands, dt, wind, wrench, options: _KernelOptions):
-    """The kernel's rollout on packed states (:func:`quadjax.native.pack_state`)."""
-    return native.rollout(params, x0, commands, dt, wind, wrench, substeps=options.substeps,
-                          save_every=options.save_every)
-
-
-@_native_rollout_core.defjvp
-def _native_rollout_jvp(options, primals, tangents):
-    """Derivatives of the kernel's rollout are those of the XLA rollout (same model, same
-    numbers to rounding), so grad, jvp and checkpointing behave as on the XLA path."""
-    config = SimConfig(substeps=options.substeps, save_every=options.save_every, checkpoint=options.checkpoint,
-                       unroll=options.unroll, backend="xla")
-
-    def xla(params, x0, commands, dt, wind, wrench):
-        R = commands.shape[-1]
-        final, saved = _open_loop_xla(params, native.unpack_state(x0, R), commands, dt, wind, wrench, config)
-        return native.pack_state(final), None if saved is None else native.pack_state(saved)
-
-    return jax.jvp(xla, primals, tangents)
-
-
 def _native_advance(params, dt, substeps):
     """``advance(x, command, wind_t, wrench_t) -> x``: one tick's physics in the kernel on a
     packed state ``x`` (``wind_t`` (3,) / ``wrench_t`` (6,) or None)."""
-    options = _KernelOptions(substeps=substeps, save_every=0, checkpoint=False, unroll=1)
-
     def advance(x, command, wind_t, wrench_t):
         rows = [None if v is None else v[None] for v in (wind_t, wrench_t)]
-        return _native_rollout_core(params, x, command[None], dt, *rows, options)[0]
+        return native.rollout(params, x, command[None], dt, *rows, substeps=substeps, save_every=0)[0]
 
     return advance
 

@@ -28,12 +28,18 @@ def test_jit_matches_no_jit(dtype):
     leaves_close(eager, jitted, rtol=16 * float(jnp.finfo(dtype).eps), atol=1e-30)
 
 
-def test_jit_matches_no_jit_bit_for_bit_without_fma():
+def test_jit_matches_no_jit_bit_for_bit_without_fma(tmp_path):
     """With FMA contraction off (an ISA without FMA), jit and op-by-op agree exactly."""
     code = textwrap.dedent(
         """
-        import jax, jax.numpy as jnp, numpy as np
+        import sys, jax, jax.numpy as jnp, numpy as np
         jax.config.update("jax_enable_x64", True)
+        # op by op, rk4_step's stage loop (a lax.scan) is compiled anew on every call (its closure
+        # is a new jaxpr), each time to the same executable: a process-private persistent cache
+        # that keeps any compile over 0.1 s loads it instead (keyed by the program, flags, devices)
+        jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         import quadjax as qj
         from quadjax.integrators import _rk4_step_xla  # the XLA form (qj.rk4_step runs the kernel on the CPU)
         from tests.helpers import busy_params, busy_state, command_for, leaves_equal
@@ -52,7 +58,8 @@ def test_jit_matches_no_jit_bit_for_bit_without_fma():
         """
     )
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_max_isa=AVX", PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "xla_cache")], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
     assert "BITWISE-OK" in out.stdout, out.stderr[-3000:]
 
 

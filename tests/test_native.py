@@ -5,7 +5,8 @@ hold the compiled result to the XLA path: every QuadParams leaf varied per vehic
 force and moment on (busy_params/busy_state), wind and wrench series, substeps, save
 strides, no motor lag, ground contact, 4, 6 and 8 rotors, per-vehicle and nested batches,
 both dtypes; a planted change to the model moves the kernel exactly as it moves XLA.
-Derivatives always come from the XLA path.
+The kernel's own derivatives (tangent and adjoint kernels) are tested in
+tests/test_native_derivatives.py; here, that they agree with XLA's where the engine uses them.
 """
 
 import os
@@ -210,26 +211,6 @@ def test_a_vehicle_gets_the_same_bits_in_any_batch_and_a_bad_one_spoils_nothing_
     leaves_equal(jax.tree_util.tree_map(lambda x: x[ok], bad), jax.tree_util.tree_map(lambda x: x[ok], full))
 
 
-def test_gradients_through_the_kernel_are_the_xla_gradients():
-    dtype = jnp.float64
-    p = busy_params(dtype)
-    s0 = busy_state(p, dtype)
-    u = _fleet(p, 1, 50, dtype)[1][0]
-
-    def loss(backend, p, s0, u):
-        traj = qj.simulate(p, s0, 1e-3, commands=u, config=qj.SimConfig(backend=backend))
-        final, states = traj.final, traj.states
-        return jnp.sum(final.position ** 2) + jnp.sum(states.body_rates[::7] ** 2)
-
-    g_native = jax.jit(jax.grad(lambda *a: loss("native", *a), argnums=(0, 1, 2)))(p, s0, u)
-    g_xla = jax.jit(jax.grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2)))(p, s0, u)
-    leaves_equal(g_native, g_xla)
-    t_native = jax.jvp(lambda m: loss("native", p.replace(mass=m), s0, u), (p.mass,), (jnp.ones((), dtype),))
-    t_xla = jax.jvp(lambda m: loss("xla", p.replace(mass=m), s0, u), (p.mass,), (jnp.ones((), dtype),))
-    np.testing.assert_allclose(t_native[1], t_xla[1], rtol=1e-12)
-    np.testing.assert_allclose(t_native[0], t_xla[0], rtol=1e-12)
-
-
 def test_backend_choice_is_checked():
     p = busy_params()
     s0 = busy_state(p)
@@ -260,7 +241,8 @@ def test_disabled_kernel_falls_back_to_xla():
 
 def test_closed_loop_ticks_in_the_kernel_match_xla_and_differentiate_like_it():
     """A closed loop runs each tick's physics in the kernel: same trajectory as XLA to
-    rounding (wind and wrench per tick, substeps, a reduction), gradients through the XLA path."""
+    rounding (wind and wrench per tick, substeps, a reduction), and its gradient (the adjoint kernel,
+    one tick per call) is XLA's."""
     dtype = jnp.float64
     p = busy_params(dtype)
     s0 = busy_state(p, dtype)

@@ -1,9 +1,12 @@
 """Native CPU kernel for the open-loop RK4 rollout, generated from the JAX model, behind ``jax.ffi``.
 
 The engine (:func:`quadjax.simulate`) uses it on the CPU backend (``backend="auto"``) for the
-library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce``;
-everything else, every other backend and every derivative (``jax.grad``, ``jvp``)
-take the XLA path, whose numbers it matches to rounding (tests/test_native.py).
+library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce``, and
+``quadjax.rk4_step`` runs in it on the CPU; everything else and every other backend take the
+XLA path, whose numbers it matches to rounding (tests/test_native.py). Its first derivatives
+are native too: ``jax.jvp`` runs a generated tangent kernel, ``jax.grad`` a generated reverse
+sweep (the transpose of the tangent, from checkpoints), each one call for the whole horizon
+(:data:`rollout_p`, tests/test_native_derivatives.py); second derivatives are XLA's.
 
 Why native code: XLA's CPU backend compiles one RK4 step into ~150 single-output loop fusions
 that each recompute the shared subexpressions they need (GUIDE §3, benchmarks/README.md).
@@ -15,6 +18,10 @@ the XLA path runs (:func:`kernel_step`, i.e. ``quadjax.integrators.rk4_step_c``)
 loop). ``rollout.cc`` is only the harness: batch broadcasting, blocks, command staging,
 substeps, saving, threads and the FFI binding. The parameter and state layouts are the
 dataclasses' fields in order (:class:`quadjax.native.generate.Layout`); nothing restates them.
+
+The tangent and adjoint steps are generated the same way, from ``jax.jvp`` and ``jax.vjp`` of
+that function (:func:`tangent_step`, :func:`adjoint_step`), into a second library built on the
+first derivative (so a user who never differentiates never compiles it).
 
 The kernel for a dtype is generated and compiled on its first use with the system C++
 compiler (``$CXX``, else ``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached
@@ -46,8 +53,10 @@ import dataclasses
 import math
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, batching, mlir
 
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax.files import write_atomic
@@ -78,6 +87,22 @@ def kernel_step(params_h, state: QuadState, command, wind, wrench) -> QuadState:
     return join_state(rk4_step_c(P, split_state(state), split(command), h, external))
 
 
+def tangent_step(P, S, U, Wd, E):
+    """The tangent kernel's step: each input is a (primal, tangent) pair and so is the result,
+    ``jax.jvp`` of :func:`kernel_step` (forward mode through the same statement of the physics)."""
+    primals, tangents = zip(P, S, U, Wd, E)
+    return jax.jvp(kernel_step, primals, tangents)
+
+
+def adjoint_step(P, X, U, Wd, E, C):
+    """The adjoint kernel's step: ``C`` = cotangents (state, params_h, command, wind, wrench) after
+    the step from state ``X``; returns them before it: the state's from ``jax.vjp`` of
+    :func:`kernel_step`, the others accumulated (the inputs are held over substeps and ticks)."""
+    ct_state, *held = C
+    g_params, g_state, *g_inputs = jax.vjp(kernel_step, P, X, U, Wd, E)[1](ct_state)
+    return (g_state, *jax.tree_util.tree_map(jnp.add, held, [g_params, *g_inputs]))
+
+
 def _example(rotors: int, dtype) -> dict:
     """Abstract (ShapeDtypeStruct) arguments of :func:`kernel_step` for ``rotors`` and ``dtype``."""
     def leaf(*shape):
@@ -95,27 +120,43 @@ def _struct(dtype, rotors: int) -> str:
     return f"qj_{'f32' if np.dtype(dtype) == np.float32 else 'f64'}_r{rotors}"
 
 
+KINDS = ("forward", "derivatives")  # one library each: derivative users alone pay for the second
+
+
 @functools.lru_cache(maxsize=None)
-def source(dtype: str, rotors: int) -> str:
-    """The kernel's whole C++ source for ``dtype`` and ``rotors``: the step generated from
-    :func:`kernel_step`, then the harness, then its FFI target."""
+def source(dtype: str, rotors: int, kind: str = "forward") -> str:
+    """The C++ source of one kernel library for ``dtype`` and ``rotors``: the generated step(s),
+    then the harness, then the FFI targets. ``kind`` "forward": the rollout and the step entry
+    points; "derivatives": the tangent rollout (:func:`tangent_step` in the rollout harness, every
+    row primal then tangent) and the reverse sweep (:func:`adjoint_step`)."""
     dtype = np.dtype(dtype)
     if dtype == np.float64 and not jax.config.jax_enable_x64:
         raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
-    step = generate_kernel(kernel_step, _example(rotors, dtype), carry="S", invariant=("P",),
-                           namespace=_struct(dtype, rotors), lanes=VECTOR_BYTES // dtype.itemsize)
-    return "\n".join([_VECTOR_PRELUDE, step.source, HARNESS.read_text(),
-                      f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {_struct(dtype, rotors)});",
-                      f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {_struct(dtype, rotors)});\n"])
+    name, lanes, ex = _struct(dtype, rotors), VECTOR_BYTES // dtype.itemsize, _example(rotors, dtype)
+    step = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=name, lanes=lanes)
+    if kind == "forward":
+        parts = [step.source, HARNESS.read_text(), f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {name});",
+                 f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {name});\n"]
+    else:
+        pairs = {k: (v, v) for k, v in ex.items()}
+        tangent = generate_kernel(tangent_step, pairs, carry="S", invariant=("P",), namespace=name + "_t", lanes=lanes)
+        adjoint_args = {"P": ex["P"], "X": ex["S"], "U": ex["U"], "Wd": ex["Wd"], "E": ex["E"],
+                        "C": (ex["S"], ex["P"], ex["U"], ex["Wd"], ex["E"])}
+        adjoint = generate_kernel(adjoint_step, adjoint_args, carry="C", invariant=("P",), namespace=name + "_a",
+                                  lanes=lanes)
+        parts = [step.source, tangent.source, adjoint.source, HARNESS.read_text(),
+                 f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangent')}, {name}_t);",
+                 f"QUADJAX_ADJOINT({_target(dtype, rotors, 'adjoint')}, {name}, {name}_a);\n"]
+    return "\n".join([_VECTOR_PRELUDE, *parts])
 
 
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
 
 
-def kernel_filename(dtype: str = "float32", rotors: int = 4, cxx: str | None = None) -> str:
-    """The cached library's file name for ``dtype`` and ``rotors``: a hash of everything its bytes depend on
-    (the generated source, compiler and its version, flags, jax, machine)."""
+def kernel_filename(dtype: str = "float32", rotors: int = 4, cxx: str | None = None, kind: str = "forward") -> str:
+    """The cached library's file name for ``dtype``, ``rotors`` and ``kind``: a hash of everything its
+    bytes depend on (the generated source, compiler and its version, flags, jax, machine)."""
     cxx = cxx or _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, c++, g++, clang++)")
@@ -123,7 +164,7 @@ def kernel_filename(dtype: str = "float32", rotors: int = 4, cxx: str | None = N
     if done.returncode:
         raise RuntimeError(f"{cxx} --version failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     key = hashlib.sha256(
-        source(np.dtype(dtype).name, rotors).encode() + done.stdout.encode() + " ".join(FLAGS).encode()
+        source(np.dtype(dtype).name, rotors, kind).encode() + done.stdout.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
     return f"quadjax_native_{key}.so"
@@ -214,17 +255,20 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
     return write_atomic(lib, lambda f: f.write(data), mode=0o700)
 
 
-def _register(lib: Path, dtype, rotors: int) -> None:
+_TARGETS = {"forward": ("rollout", "step"), "derivatives": ("tangent", "adjoint")}
+
+
+def _register(lib: Path, dtype, rotors: int, kind: str) -> None:
     handle = ctypes.CDLL(str(lib))
-    for name in (_target(dtype, rotors), _target(dtype, rotors, "step")):
+    for name in (_target(dtype, rotors, t) for t in _TARGETS[kind]):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
 
 
-def _build_and_register(dtype, rotors: int, notes: list) -> None:
+def _build_and_register(dtype, rotors: int, kind: str, notes: list) -> None:
     """Load the cached kernel if it is trusted, else (re)build it, at most once. What the
     user should hear about the cache (not used, not trusted, rebuilt) goes into ``notes``."""
     cxx = _compiler()
-    name = kernel_filename(dtype, rotors, cxx)
+    name = kernel_filename(dtype, rotors, cxx, kind)
     folder, note = _usable_cache()
     notes += [note] if note else []
     lib = folder / name
@@ -232,26 +276,27 @@ def _build_and_register(dtype, rotors: int, notes: list) -> None:
         why = trust_problem(lib)
         if why is None:
             try:
-                return _register(lib, dtype, rotors)
+                return _register(lib, dtype, rotors, kind)
             except (OSError, AttributeError) as err:  # ours but unloadable (e.g. another libc)
                 why = f"{lib} did not load ({err})"
         notes.append(f"not loading the cached kernel: {why}; rebuilding it")
-    _register(_compile(cxx, lib, source(dtype, rotors)), dtype, rotors)
+    _register(_compile(cxx, lib, source(dtype, rotors, kind)), dtype, rotors, kind)
 
 
 @functools.lru_cache(maxsize=None)
-def _load(dtype: str = "float32", rotors: int = 4) -> str | None:
-    """Generate, build, load and register the kernel for ``dtype`` and ``rotors``; why it is
-    unavailable, or None."""
+def _load(dtype: str = "float32", rotors: int = 4, kind: str = "forward") -> str | None:
+    """Generate, build, load and register the ``kind`` library for ``dtype`` and ``rotors``; why
+    it is unavailable, or None."""
     if os.environ.get("QUADJAX_NATIVE", "1") == "0":
         return "disabled by QUADJAX_NATIVE=0"
     if not supports(rotors, dtype):
         return f"no kernel for {rotors} rotors in {dtype} (only {ROTOR_COUNTS} rotors in {DTYPES})"
     notes: list = []
     try:
-        _build_and_register(dtype, rotors, notes)
+        _build_and_register(dtype, rotors, kind, notes)
     except Exception as e:  # noqa: BLE001 — any failure means: use XLA, and say why once
-        warnings.warn(f"quadjax: native CPU kernel unavailable, using XLA ({'; '.join(notes + [str(e)])})",
+        what = "native CPU kernel" if kind == "forward" else "native derivative kernels"
+        warnings.warn(f"quadjax: {what} unavailable, using XLA ({'; '.join(notes + [str(e)])})",
                       RuntimeWarning, stacklevel=3)
         return str(e)
     if notes:
@@ -306,27 +351,197 @@ def unpack_state(x: jax.Array, rotors: int) -> QuadState:
 # --------------------------------------------------------------------------- the call
 
 
-def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int, save_every: int):
+def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int, save_every: int, segment: int = 0):
     """One vehicle's RK4 rollout in the kernel on a packed state ``x0`` (:func:`pack_state`);
     batch with ``jax.vmap``.
 
     Inputs already checked and cast to one dtype by the engine; ``wind`` (T, 3) / ``wrench``
     (T, 6) or None (``params.wind``, no wrench). Returns the packed ``(final, saved)``
-    (``saved`` None for ``save_every=0``). Not differentiable by itself: the engine supplies
-    the derivative.
+    (``saved`` None for ``save_every=0``). Differentiable in every input (``jax.jvp``,
+    ``jax.grad``, under ``jax.vmap``, any order): the first derivatives run in the native
+    tangent and adjoint kernels (:data:`rollout_p`), higher ones on XLA. ``segment``: ticks
+    per segment that the reverse sweep recomputes from a checkpoint (0: as many as fill 2 MiB of
+    states per thread, the whole horizon when it fits).
     """
     dtype = commands.dtype
     T, R = commands.shape
     if not available(dtype, R):
         raise RuntimeError(f"quadjax native kernel unavailable: {unavailable_reason(dtype, R)}")
-    S = x0.shape[-1]
-    call = _ffi(dtype, R, (), S, T // save_every if save_every else 0)
     h = dt / substeps  # as the XLA path divides: the same bits
     wind = params.wind[None] if wind is None else wind  # a series of length 1 is held
     wrench = jnp.zeros((1, 6), dtype) if wrench is None else wrench
-    final, saved = call(pack_params(params, h), x0, commands, wind, wrench,
-                        substeps=np.int64(substeps), save_every=np.int64(save_every))
+    final, saved = rollout_p.bind(pack_params(params, h), x0, commands, wind, wrench,
+                                  substeps=int(substeps), save_every=int(save_every), rotors=int(R),
+                                  segment=int(segment))
     return final, (saved if save_every else None)
+
+
+# --------------------------------------------------------------------------- derivatives
+#
+# The rollout is three primitives over packed rows (params (N_P,), state (N_S,), commands (T, R),
+# wind (Tw, 3), wrench (Tr, 6), each with the same number of leading batch dims, 1 or the batch's):
+#
+#   rollout_p  (P, x0, U, Wd, E)                 -> (final, saved)       the forward kernel
+#   tangent_p  (P, x0, U, Wd, E, dP, dx0, ...)   -> (dfinal, dsaved)     linear in the tangents
+#   adjoint_p  (P, x0, U, Wd, E, ct_final, ct_saved) -> cotangents of (P, x0, U, Wd, E)
+#
+# rollout_p's JVP is tangent_p; tangent_p's transpose is adjoint_p: so jax.jvp runs the tangent
+# kernel and jax.grad the reverse sweep, each one call for the whole horizon. Second derivatives
+# (the JVPs of tangent_p and adjoint_p) are those of the same rollout on XLA (:func:`_xla`).
+# Without the derivative library (no compiler) the first derivatives are XLA's too.
+
+_CORE = (1, 1, 2, 2, 2)  # the ranks of one vehicle's P, x0, U, Wd, E
+
+
+def _batch(args, core) -> tuple:
+    """The batch shape of primitive arguments with the given core ranks (leading dims 1 or equal)."""
+    dims = [a.shape[:len(a.shape) - c] for a, c in zip(args, core)]
+    if len({len(d) for d in dims}) != 1:
+        raise ValueError(f"quadjax native: arguments with different batch ranks {dims}")
+    return tuple(jnp.broadcast_shapes(*dims))
+
+
+def _sizes(x0, U, save_every):
+    return x0.shape[-1], U.shape[-2], (U.shape[-2] // save_every if save_every else 0)
+
+
+def _forward_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
+    batch, (NS, _, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors), (jax.ShapeDtypeStruct(batch + (NS,), U.dtype),
+                                                       jax.ShapeDtypeStruct(batch + (slots, NS), U.dtype)))
+    return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
+
+
+def _tangent_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0):
+    """The tangent kernel runs the rollout harness on rows [primal | tangent] (:func:`tangent_step`)."""
+    primals, tangents = (P, x0, U, Wd, E), (dP, dx0, dU, dWd, dE)
+    batch, (NS, _, slots) = _batch(primals + tangents, _CORE * 2), _sizes(x0, U, save_every)
+
+    def pair(x, dx, c):  # one batch shape for both, then side by side on the last axis
+        b = jnp.broadcast_shapes(x.shape[:x.ndim - c], dx.shape[:dx.ndim - c])
+        return jnp.concatenate([jnp.broadcast_to(x, b + x.shape[x.ndim - c:]),
+                                jnp.broadcast_to(dx, b + x.shape[x.ndim - c:])], axis=-1)
+
+    rows = [pair(x, dx, c) for x, dx, c in zip(primals, tangents, _CORE)]
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "tangent"),
+                            (jax.ShapeDtypeStruct(batch + (2 * NS,), U.dtype),
+                             jax.ShapeDtypeStruct(batch + (slots, 2 * NS), U.dtype)))
+    final, saved = call(*rows, substeps=np.int64(substeps), save_every=np.int64(save_every))
+    return final[..., NS:], saved[..., NS:]
+
+
+def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, rotors, segment):
+    batch = _batch((P, x0, U, Wd, E, ct_final, ct_saved), _CORE + (1, 2))
+    out = [jax.ShapeDtypeStruct(batch + x.shape[x.ndim - c:], U.dtype) for x, c in zip((P, x0, U, Wd, E), _CORE)]
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "adjoint"), out)
+    return call(P, x0, U, Wd, E, ct_final, ct_saved, substeps=np.int64(substeps), save_every=np.int64(save_every),
+                segment=np.int64(segment))
+
+
+def unpack_params(row: jax.Array, rotors: int) -> tuple:
+    """Inverse of :func:`pack_params` for one vehicle: ``(params, h)``."""
+    example = _example(rotors, row.dtype)["P"]
+    leaves = [jnp.reshape(row[k:k + math.prod(shape)], shape) for _, shape, k in Layout.of(example).entries]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(example), leaves)
+
+
+def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
+    """rollout_p on XLA: :func:`kernel_step` scanned, one vehicle per row of the broadcast batch
+    (the reference for the kernels' derivatives, and their second derivatives)."""
+    args = (P, x0, U, Wd, E)
+    batch = _batch(args, _CORE)
+    flat = [jnp.reshape(jnp.broadcast_to(x, batch + x.shape[x.ndim - c:]), (-1,) + x.shape[x.ndim - c:])
+            for x, c in zip(args, _CORE)]
+
+    def one(P, x0, U, Wd, E):
+        params_h, T = unpack_params(P, rotors), U.shape[0]
+
+        def tick(S, x):
+            for _ in range(substeps):
+                S = kernel_step(params_h, S, *x)
+            return S, pack_state(S)
+
+        series = [jnp.broadcast_to(x, (T, x.shape[-1])) for x in (Wd, E)]
+        final, states = jax.lax.scan(tick, unpack_state(x0, rotors), (U, *series))
+        saved = states[save_every - 1::save_every] if save_every else states[:0]
+        return pack_state(final), saved
+
+    final, saved = jax.vmap(one)(*flat)
+    return jnp.reshape(final, batch + final.shape[1:]), jnp.reshape(saved, batch + saved.shape[1:])
+
+
+def _derivatives(dtype, rotors) -> bool:
+    """The derivative library is there (built on first use; else the derivatives run on XLA)."""
+    return _load(np.dtype(dtype).name, rotors) is None and _load(np.dtype(dtype).name, rotors, "derivatives") is None
+
+
+def _sum_to(x, shape):
+    """``x`` summed over the leading dims that ``shape`` has as 1 (the transpose of a broadcast)."""
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1)
+    return jnp.reshape(jnp.sum(x, axis=axes, keepdims=True), shape) if axes else jnp.reshape(x, shape)
+
+
+def _primitive(name, impl, n_out):
+    prim = jax.extend.core.Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(impl)
+    prim.def_abstract_eval(lambda *args, **params: [jax.core.ShapedArray(o.shape, o.dtype)
+                                                    for o in jax.eval_shape(functools.partial(impl, **params), *args)])
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=True), platform="cpu")
+
+    def batched(args, dims, **params):  # every vmapped axis leads; an unmapped argument gets a 1 there
+        args = [jnp.expand_dims(x, 0) if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
+        return prim.bind(*args, **params), (0,) * n_out
+
+    batching.primitive_batchers[prim] = batched
+    return prim
+
+
+rollout_p = _primitive("quadjax_rollout", _forward_ffi, 2)
+tangent_p = _primitive("quadjax_rollout_tangent", _tangent_ffi, 2)
+adjoint_p = _primitive("quadjax_rollout_adjoint", _adjoint_ffi, 5)
+
+
+def _rollout_jvp(primals, tangents, **params):
+    out = rollout_p.bind(*primals, **params)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    if _derivatives(primals[2].dtype, params["rotors"]):
+        return out, tangent_p.bind(*primals, *tangents, **params)
+    return out, jax.jvp(functools.partial(_xla, **params), tuple(primals), tuple(tangents))[1]
+
+
+def _tangent_transpose(cts, *args, **params):
+    primals, tangents = args[:5], args[5:]
+    if any(ad.is_undefined_primal(x) for x in primals):
+        raise ValueError("quadjax native: the tangent rollout is linear in its tangents only")
+    outs = jax.eval_shape(functools.partial(_forward_ffi, **params), *primals)
+    cts = [jnp.zeros(o.shape, o.dtype) if type(ct) is ad.Zero else ct for ct, o in zip(cts, outs)]
+    grads = adjoint_p.bind(*primals, *cts, **params)
+    return [None] * 5 + [_sum_to(g, t.aval.shape) if ad.is_undefined_primal(t) else None
+                         for g, t in zip(grads, tangents)]
+
+
+def _tangent_jvp(primals, tangents, **params):  # second order: XLA's
+    primals = tuple(primals)
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+    lin = lambda *a: jax.jvp(functools.partial(_xla, **params), a[:5], a[5:])[1]  # noqa: E731
+    return jax.jvp(lin, primals, tangents)
+
+
+def _adjoint_jvp(primals, tangents, **params):  # second order: XLA's
+    primals = tuple(primals)
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+
+    def adj(*a):
+        return jax.vjp(functools.partial(_xla, **params), *a[:5])[1](tuple(a[5:]))
+
+    return jax.jvp(adj, primals, tangents)
+
+
+ad.primitive_jvps[rollout_p] = _rollout_jvp
+ad.primitive_jvps[tangent_p] = _tangent_jvp
+ad.primitive_jvps[adjoint_p] = _adjoint_jvp
+ad.primitive_transposes[tangent_p] = _tangent_transpose
 
 
 # --------------------------------------------------------------------------- rk4_step on the kernel
@@ -358,17 +573,24 @@ def kernel_rk4_step(params: QuadParams, state: QuadState, command, dt, *, fallba
                                       default=fallback)
 
 
+def _batch_of(tree, like) -> tuple:
+    """The leading dims of ``tree``'s leaves beyond those of ``like``'s, broadcast over the leaves."""
+    return jnp.broadcast_shapes(*[jnp.shape(x)[:jnp.ndim(x) - len(e.shape)]
+                                  for x, e in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(like))])
+
+
+def _step_batch(params, state, command, dt) -> tuple:
+    """(the parameters' batch shape, the whole step's) for ``rk4_step``'s broadcasting."""
+    example = _example(command.shape[-1], command.dtype)
+    p_batch = jnp.broadcast_shapes(_batch_of(params, example["P"][0]), jnp.shape(dt))
+    return p_batch, jnp.broadcast_shapes(p_batch, _batch_of(state, example["S"]), command.shape[:-1])
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _kernel_step(fallback, params, state, command, dt):
     R = command.shape[-1]
     example = _example(R, command.dtype)
-
-    def batch_of(tree, like):  # the leading dims beyond each leaf's own shape, broadcast over the leaves
-        return jnp.broadcast_shapes(*[jnp.shape(x)[:jnp.ndim(x) - len(e.shape)]
-                                      for x, e in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(like))])
-
-    p_batch = jnp.broadcast_shapes(batch_of(params, example["P"][0]), dt.shape)
-    batch = jnp.broadcast_shapes(p_batch, batch_of(state, example["S"]), command.shape[:-1])
+    p_batch, batch = _step_batch(params, state, command, dt)
 
     def rows(x, b, width):  # (..b, width), left-padded with 1s to the rank of the batch
         x = jnp.reshape(x, b + (width,))
@@ -396,13 +618,26 @@ def _kernel_step(fallback, params, state, command, dt):
 
 @_kernel_step.defjvp
 def _kernel_step_jvp(fallback, primals, tangents):
-    return jax.jvp(fallback, primals, tangents)
+    """The step's derivatives: those of a one-tick rollout (the tangent and adjoint kernels),
+    each vehicle of the broadcast batch a row; the fallback's where those kernels are missing."""
+    params, state, command, dt = primals
+    R = command.shape[-1]
+    if not _derivatives(command.dtype, R):
+        return jax.jvp(fallback, primals, tangents)
+    _, batch = _step_batch(params, state, command, dt)
+    example = _example(R, command.dtype)
+    like = (example["P"][0], example["S"], example["U"], example["P"][1])
 
+    def rows(x, e):  # (n, *e.shape): every vehicle of the batch
+        return jnp.reshape(jnp.broadcast_to(x, batch + e.shape), (-1,) + e.shape)
 
-def _ffi(dtype, rotors: int, batch: tuple, width: int, slots: int):
-    """The kernel's FFI call for ``batch`` vehicles: (final, saved) rows."""
-    return jax.ffi.ffi_call(
-        _target(dtype, rotors),
-        (jax.ShapeDtypeStruct(batch + (width,), dtype), jax.ShapeDtypeStruct(batch + (slots, width), dtype)),
-        vmap_method="expand_dims",
-    )
+    def one(params, state, command, dt):
+        final, _ = rollout(params, pack_state(state), command[None], dt, None, None, substeps=1, save_every=0)
+        return unpack_state(final, R)
+
+    def step(*args):
+        flat = jax.tree_util.tree_map(rows, args, like)
+        out = jax.vmap(one)(*flat)
+        return jax.tree_util.tree_map(lambda x, e: jnp.reshape(x, batch + e.shape), out, example["S"])
+
+    return jax.jvp(step, primals, tangents)

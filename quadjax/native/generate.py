@@ -275,7 +275,7 @@ def _const(x, dtype):
 # element-wise primitives: numpy fold (at generation time), and how C spells them:
 # ("op", infix operator), ("prefix", operator), ("fn", libm name), ("nan", XLA's NaN-propagating max/min)
 _ELEMENTWISE = {
-    "add": (np.add, "op", "+"), "sub": (np.subtract, "op", "-"), "mul": (np.multiply, "op", "*"),
+    "add": (np.add, "op", "+"), "add_any": (np.add, "op", "+"), "sub": (np.subtract, "op", "-"), "mul": (np.multiply, "op", "*"),
     "div": (np.divide, "op", "/"), "neg": (np.negative, "prefix", "-"),
     "max": (np.fmax, "nan", "max"), "min": (np.fmin, "nan", "min"),
     "gt": (np.greater, "op", ">"), "lt": (np.less, "op", "<"), "ge": (np.greater_equal, "op", ">="),
@@ -425,11 +425,39 @@ class _Generator:
             idx.append(slice(start, start + size))
         return [(x[tuple(idx)], d)]
 
+    def p_dynamic_update_slice(self, eqn, ins, avals):  # the transpose of dynamic_slice
+        (x, d), (update, _), starts = ins[0], ins[1], ins[2:]
+        idx = []
+        for (s, _), size, n in zip(starts, update.shape, x.shape):
+            s = s[()] if isinstance(s, np.ndarray) else s
+            if isinstance(s, _Sym):
+                raise UnsupportedPrimitive("quadjax.native.generate: dynamic_update_slice with an index known only at run time")
+            start = min(max(int(s), 0), n - size)  # XLA clamps the start into range
+            idx.append(slice(start, start + size))
+        out = x.copy()
+        out[tuple(idx)] = update
+        return [(out, d)]
+
+    def p_pad(self, eqn, ins, avals):  # the transpose of a slice: x at lo + i (interior + 1), the rest pad
+        (x, d), (pad, _) = ins
+        pad = pad[()] if isinstance(pad, np.ndarray) else pad
+        out = np.empty(avals[0].shape, object)
+        out.fill(pad)
+        for idx in np.ndindex(x.shape):
+            at = tuple(lo + i * (interior + 1) for i, (lo, _, interior) in zip(idx, eqn.params["padding_config"]))
+            if all(0 <= a < n for a, n in zip(at, out.shape)):  # negative padding crops
+                out[at] = x[idx]
+        return [(out, d)]
+
     def p_concatenate(self, eqn, ins, avals):
         return [(np.concatenate([x for x, _ in ins], axis=eqn.params["dimension"]), np.dtype(avals[0].dtype))]
 
     def p_stack(self, eqn, ins, avals):
         return [(np.stack([x for x, _ in ins], axis=eqn.params["axis"]), np.dtype(avals[0].dtype))]
+
+    def p_unstack(self, eqn, ins, avals):  # the transpose of stack
+        (x, d), axis = ins[0], eqn.params["axis"]
+        return [(np.asarray(np.take(x, i, axis=axis), dtype=object), d) for i in range(x.shape[axis])]
 
     def p_iota(self, eqn, ins, avals):
         aval = avals[0]
@@ -498,17 +526,15 @@ class _Generator:
 
     def p_scan(self, eqn, ins, avals):
         p = eqn.params
-        if p.get("reverse"):
-            raise UnsupportedPrimitive("quadjax.native.generate: reverse scan")
         closed, length = p["jaxpr"], p["length"]
         n_consts, n_carry = p["num_consts"], p["num_carry"]
         consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
-        ys = []
-        for i in range(length):
+        ys = [None] * length
+        # a reverse scan (the transpose of a forward one, in an adjoint) visits i = length-1 .. 0
+        for i in (reversed(range(length)) if p.get("reverse") else range(length)):
             step_xs = [(np.asarray(x[i], dtype=object), d) for x, d in xs]
             outs = self.run(closed.jaxpr, closed.consts, list(consts) + list(carry) + step_xs)
-            carry, y = outs[:n_carry], outs[n_carry:]
-            ys.append(y)
+            carry, ys[i] = outs[:n_carry], outs[n_carry:]
         stacked = [(np.stack([y[k][0] for y in ys]), ys[0][k][1]) for k in range(len(avals) - n_carry)] if ys else []
         return list(carry) + stacked
 

@@ -8,6 +8,9 @@
 // over GCC vector types (K::V: W lanes, one vehicle each), and pastes it above this file with
 // its QUADJAX_ROLLOUT and QUADJAX_STEP lines below it. This file keeps only what is not physics:
 // batch broadcasting, blocks of W vehicles, command staging, substeps, saving, threads, FFI.
+// The derivative library instantiates the same Rollout with the generated tangent step (every
+// row [primal | tangent], so every width doubles) and Adjoint (below) with the generated
+// transpose of the step.
 //
 // Layouts (row-major; leading "batch" dims broadcast against the outputs' batch dims, each
 // either equal or 1; the last dims are the generated layouts, quadjax.native.generate.Layout):
@@ -39,7 +42,7 @@ constexpr int kChunk = 64;  // ticks of commands staged per block at a time
 
 template <typename F> struct DataTypeOf;
 template <> struct DataTypeOf<float> { static constexpr ffi::DataType value = ffi::DataType::F32; };
-template <> struct DataTypeOf<double> { static constexpr ffi::DataType value = ffi::DataType::F64; };  // ticks of commands staged per block at a time
+template <> struct DataTypeOf<double> { static constexpr ffi::DataType value = ffi::DataType::F64; };
 
 // Batch broadcasting: the offset of vehicle v's row in an input whose batch dims are each
 // 1 or the output's.
@@ -182,20 +185,17 @@ struct Pool {
   std::function<void()> work;
 };
 
-// Every vehicle of the batch through the job, in blocks of W, on the calling thread and helpers.
-template <class K>
-void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
-  constexpr int W = K::W;
-  const int64_t blocks = (n + W - 1) / W;
+// Blocks [0, blocks) on the calling thread and helpers, each thread with its own working set
+// `State` (heap: it is large); `heavy`: enough work that helpers pay for themselves.
+template <class State, class Body>
+void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, const Body& body) {
   auto shared = std::make_shared<Pool>();
-  shared->work = [&job, blocks, n, next = &shared->next] {
-    std::unique_ptr<Block<K>> block(new Block<K>());
-    for (int64_t b; (b = next->fetch_add(1)) < blocks;)
-      RunBlock<K>(*block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
+  shared->work = [&body, blocks, next = &shared->next] {
+    std::unique_ptr<State> state(new State());
+    for (int64_t b; (b = next->fetch_add(1)) < blocks;) body(*state, b);
   };
-  // XLA's intra-op pool: worth it only with several blocks and enough steps per block
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), blocks) - 1;
-  if (helpers > 0 && n * job.T * job.substeps >= (int64_t{1} << 12)) {
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), blocks) - 1;  // XLA's intra-op pool
+  if (helpers > 0 && heavy) {
     for (int64_t i = 0; i < helpers; ++i)
       pool.Schedule([shared] {
         {
@@ -212,6 +212,16 @@ void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
   std::unique_lock<std::mutex> lock(shared->mu);
   shared->closed = true;  // helpers not yet started will not touch this call's buffers
   shared->cv.wait(lock, [&] { return shared->running == 0; });
+}
+
+// Every vehicle of the batch through the job, in blocks of W.
+template <class K>
+void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
+  constexpr int W = K::W;
+  Parallel<Block<K>>(pool, (n + W - 1) / W, n * job.T * job.substeps >= (int64_t{1} << 12),
+                     [&](Block<K>& block, int64_t b) {
+                       RunBlock<K>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
+                     });
 }
 
 template <typename F>
@@ -310,6 +320,163 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   return ffi::Error::Success();
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The reverse sweep (reverse-mode derivatives of the open loop). A is the generated adjoint of
+// K's step (the transpose of its linearisation, quadjax.native.adjoint_step):
+//   A::step(H, P, X, U, Wd, E, C)   C <- the cotangents before the step, from those after it;
+// C = (state, params, command, wind, wrench) cotangents: the state's replaced, the others
+// accumulated. Per block: a forward pass that keeps the state at the start of each segment of
+// ticks, then, segment by segment from the last, the segment's states recomputed into a trail
+// and swept backwards (a single segment when the whole trail fits: no recomputation).
+// Results, one row per vehicle of the batch (the caller sums over the dims it broadcast):
+// cotangents of params (..., N_P), state (..., N_S), commands (..., T, R), wind (..., Tw, 3),
+// wrench (..., Tr, 6).
+
+constexpr int64_t kTrailVectors = int64_t{1} << 16;  // 2 MiB of 32-byte vectors per thread
+
+template <class K, class A>
+struct AdjointBlock {
+  using V = typename K::V;
+  static constexpr int NC = A::N_C, CP = K::N_S, CU = CP + K::N_P, CW = CU + K::N_U, CE = CW + K::N_Wd;
+  static_assert(NC == CE + K::N_E, "the adjoint carries the state, params, command, wind and wrench cotangents");
+  V p[K::N_P], H[K::NH], HA[A::NH], s[K::N_S], u[K::N_U], wind[K::N_Wd], ext[K::N_E], c[NC];
+  std::vector<V> checkpoints, trail;
+};
+
+template <typename F>
+struct AdjointJob {
+  Job<F> fwd;  // params, commands, wind, wrench, the initial state (one segment), T, substeps, save_every
+  const F *ct_final, *ct_saved;
+  Broadcast bf, bs;  // the cotangents' rows (a zero cotangent may come unbatched)
+  F *g_params, *g_state, *g_commands, *g_wind, *g_wrench;
+  int64_t segment;  // ticks per recomputed segment (0: as many as fill kTrailVectors)
+};
+
+template <class K, class A>
+void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int64_t v0, int count) {
+  using F = typename K::F;
+  using V = typename K::V;
+  using AB = AdjointBlock<K, A>;
+  constexpr int W = K::W, R = K::N_U, NS = K::N_S, NP = K::N_P, NW = K::N_Wd, NE = K::N_E;
+  const Job<F>& f = job.fwd;
+  const int64_t T = f.T, sub = f.substeps, slots = f.save_every ? T / f.save_every : 0;
+  int64_t crow[W], wrow[W], rrow[W];
+  const auto& seg0 = f.state[0];
+  for (int j = 0; j < W; ++j) {
+    const int64_t v = v0 + (j < count ? j : 0);
+    crow[j] = f.bc.row(v);
+    wrow[j] = f.bw.row(v);
+    rrow[j] = f.br.row(v);
+    Gather(B.p, f.params + f.bp.row(v) * NP, NP, j);
+    Gather(B.s, seg0.in + seg0.b.row(v) * NS, NS, j);
+  }
+  K::prologue(B.p, B.H);
+  A::prologue(B.p, B.HA);
+  auto load_inputs = [&](int64_t t) {
+    for (int j = 0; j < W; ++j) {
+      Gather(B.u, f.commands + (crow[j] * T + t) * R, R, j);
+      Gather(B.wind, f.wind + (wrow[j] * f.Tw + (f.Tw > 1 ? t : 0)) * NW, NW, j);
+      Gather(B.ext, f.wrench + (rrow[j] * f.Tr + (f.Tr > 1 ? t : 0)) * NE, NE, j);
+    }
+  };
+  // segments of L ticks: the trail holds L * substeps states
+  const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment > 0 ? job.segment : kTrailVectors / (sub * NS)));
+  const int64_t segments = (T + L - 1) / L;
+  B.checkpoints.resize(segments * NS);
+  B.trail.resize(std::min(T, L) * sub * NS);
+  auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s
+    for (int64_t t = t0; t < t1; ++t) {
+      if (!keep && t % L == 0) std::copy_n(B.s, NS, &B.checkpoints[(t / L) * NS]);
+      load_inputs(t);
+      for (int64_t k = 0; k < sub; ++k) {
+        if (keep) std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
+        K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
+      }
+    }
+  };
+  if (segments > 1) forward(0, T, false);  // the checkpoints (one segment: its trail, below)
+  for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
+  for (int j = 0; j < W; ++j)
+    for (int i = 0; i < NS; ++i) B.c[i][j] = job.ct_final[job.bf.row(v0 + (j < count ? j : 0)) * NS + i];
+  for (int64_t seg = segments - 1; seg >= 0; --seg) {
+    const int64_t t0 = seg * L, t1 = std::min(T, t0 + L);
+    if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
+    forward(t0, t1, true);
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      if (f.save_every > 0 && (t + 1) % f.save_every == 0) {  // the cotangent of the state saved after tick t
+        const int64_t slot = (t + 1) / f.save_every - 1;
+        for (int j = 0; j < count; ++j)
+          for (int i = 0; i < NS; ++i) B.c[i][j] += job.ct_saved[(job.bs.row(v0 + j) * slots + slot) * NS + i];
+      }
+      load_inputs(t);
+      for (int i = AB::CU; i < AB::CW; ++i) B.c[i] = V{};
+      if (f.Tw > 1) for (int i = AB::CW; i < AB::CE; ++i) B.c[i] = V{};
+      if (f.Tr > 1) for (int i = AB::CE; i < AB::NC; ++i) B.c[i] = V{};
+      for (int64_t k = sub - 1; k >= 0; --k) A::step(B.HA, B.p, &B.trail[((t - t0) * sub + k) * NS], B.u, B.wind, B.ext, B.c);
+      for (int j = 0; j < count; ++j) {
+        const int64_t v = v0 + j;
+        for (int r = 0; r < R; ++r) job.g_commands[(v * T + t) * R + r] = B.c[AB::CU + r][j];
+        if (f.Tw > 1) for (int i = 0; i < NW; ++i) job.g_wind[(v * T + t) * NW + i] = B.c[AB::CW + i][j];
+        if (f.Tr > 1) for (int i = 0; i < NE; ++i) job.g_wrench[(v * T + t) * NE + i] = B.c[AB::CE + i][j];
+      }
+    }
+  }
+  for (int j = 0; j < count; ++j) {
+    const int64_t v = v0 + j;
+    for (int i = 0; i < NS; ++i) job.g_state[v * NS + i] = B.c[i][j];
+    for (int i = 0; i < NP; ++i) job.g_params[v * NP + i] = B.c[AB::CP + i][j];
+    if (f.Tw == 1) for (int i = 0; i < NW; ++i) job.g_wind[v * NW + i] = B.c[AB::CW + i][j];
+    if (f.Tr == 1) for (int i = 0; i < NE; ++i) job.g_wrench[v * NE + i] = B.c[AB::CE + i][j];
+  }
+}
+
+template <class K, class A>
+ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
+                   Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
+                   Buf<typename K::F> ct_final, Buf<typename K::F> ct_saved, Out<typename K::F> g_params,
+                   Out<typename K::F> g_state, Out<typename K::F> g_commands, Out<typename K::F> g_wind,
+                   Out<typename K::F> g_wrench, int64_t substeps, int64_t save_every, int64_t segment) {
+  using F = typename K::F;
+  constexpr int W = K::W;
+  auto gdims = g_state->dimensions();
+  if (gdims.size() == 0 || gdims.back() != K::N_S || state.dimensions().back() != K::N_S ||
+      ct_final.dimensions().back() != K::N_S || ct_saved.dimensions().back() != K::N_S)
+    return ffi::Error::InvalidArgument("quadjax native adjoint: bad state or cotangent width");
+  ffi::Span<const int64_t> batch(gdims.begin(), gdims.size() - 1);
+  AdjointJob<F> job{};
+  job.bf = Broadcast(batch, ct_final.dimensions(), 1);
+  job.bs = Broadcast(batch, ct_saved.dimensions(), 2);
+  if (!job.bf.ok || !job.bs.ok) return ffi::Error::InvalidArgument("quadjax native adjoint: cotangent shapes do not broadcast");
+  job.fwd.state.push_back({state.typed_data(), nullptr, K::N_S, 0, Broadcast(batch, state.dimensions(), 1)});
+  if (ffi::Error e = Prepare<K>(job.fwd, batch, params, commands, wind, wrench); e.failure()) return e;
+  if (substeps < 1 || save_every < 0 || (save_every > 0 && job.fwd.T % save_every != 0))
+    return ffi::Error::InvalidArgument("quadjax native adjoint: bad substeps or save_every");
+  job.fwd.substeps = substeps;
+  job.fwd.save_every = save_every;
+  job.segment = segment;
+  job.ct_final = ct_final.typed_data();
+  job.ct_saved = ct_saved.typed_data();
+  job.g_params = g_params->typed_data();
+  job.g_state = g_state->typed_data();
+  job.g_commands = g_commands->typed_data();
+  job.g_wind = g_wind->typed_data();
+  job.g_wrench = g_wrench->typed_data();
+  const int64_t n = Count(batch);
+  if (job.fwd.T == 0) {  // no ticks: the state's cotangent passes through, nothing else has one
+    for (int64_t v = 0; v < n; ++v) std::copy_n(job.ct_final + job.bf.row(v) * K::N_S, K::N_S, job.g_state + v * K::N_S);
+    std::fill_n(job.g_params, n * K::N_P, F{});
+    std::fill_n(job.g_wind, g_wind->element_count(), F{});
+    std::fill_n(job.g_wrench, g_wrench->element_count(), F{});
+    return ffi::Error::Success();
+  }
+  Parallel<AdjointBlock<K, A>>(pool, (n + W - 1) / W, n * job.fwd.T * substeps >= (int64_t{1} << 10),
+                               [&](AdjointBlock<K, A>& block, int64_t b) {
+                                 AdjointRun<K, A>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
+                               });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 #define QJ_BUF(K) ffi::Buffer<DataTypeOf<K::F>::value>
@@ -332,3 +499,14 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
                                     .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
                                     .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>() \
                                     .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>())
+#define QUADJAX_ADJOINT(NAME, K, A)                                                                    \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Adjoint<K, A>),                                                 \
+                                ffi::Ffi::Bind()                                                       \
+                                    .Ctx<ffi::ThreadPool>()                                            \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>() \
+                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                \
+                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                                 \
+                                    .Attr<int64_t>("substeps")                                         \
+                                    .Attr<int64_t>("save_every")                                       \
+                                    .Attr<int64_t>("segment"))

@@ -1,0 +1,155 @@
+"""The kernel's own derivatives (quadjax.native: rollout_p, tangent_p, adjoint_p).
+
+jax.jvp of a native rollout runs the generated tangent kernel and jax.grad the generated reverse
+sweep, each one call for the whole horizon; these tests hold them to the derivatives of the
+engine's XLA path (an independent implementation of the stepping) and to finite differences:
+every QuadParams leaf varied per vehicle or shared by the fleet, the initial state, the commands,
+wind and wrench series and dt; substeps, saved states, the recomputed segments of the reverse
+sweep, vmap, second derivatives (XLA's, through the same primitives), and both dtypes.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import quadjax as qj
+import quadjax.native as native
+from tests.helpers import leaves_close, varied_fleet
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.unavailable_reason()}")
+
+N, T, SUBSTEPS, SAVE = 5, 12, 2, 6
+
+
+def _fleet(dtype, seed=5):
+    """N airborne vehicles, every params leaf drawn per vehicle, wind and wrench series."""
+    fleet = varied_fleet(4, N, dtype, seed)
+    stack = lambda xs: jax.tree_util.tree_map(lambda *v: jnp.stack(v), *xs)  # noqa: E731
+    ps, ss, us, dts = (stack([v[k] for v in fleet]) for k in range(4))
+    ps = ps.replace(ground_z=jnp.full((N,), -50.0, dtype))  # airborne throughout: smooth in every input
+    ss = ss.replace(on_ground=jnp.zeros((N,), dtype))
+    rng = np.random.default_rng(seed)
+    u = jnp.asarray(np.asarray(us)[:, None, :] * rng.uniform(0.97, 1.03, (N, T, 4)), dtype)
+    wind = jnp.asarray(rng.normal(0, 2, (N, T, 3)), dtype)
+    wrench = jnp.asarray(rng.normal(0, 1e-3, (N, T, 6)), dtype) * ps.mass[:, None, None]
+    return ps, ss, u, wind, wrench, dts
+
+
+def _loss(backend, shared):
+    """A loss of the final and the saved states of the whole fleet, as a function of every input."""
+    config = qj.SimConfig(backend=backend, substeps=SUBSTEPS, save_every=SAVE)
+
+    def one(p, s, u, wind, wrench, dt):
+        traj = qj.simulate(p, s, dt, commands=u, inputs=qj.Inputs(wind=wind, wrench=wrench), config=config)
+        f, saved = traj.final, traj.states
+        return (jnp.sum(f.position ** 2) + jnp.sum(f.velocity * f.body_rates) + jnp.sum(jnp.sin(saved.attitude))
+                + 1e-6 * jnp.sum(saved.rotor_speeds) + 1e-3 * f.energy)
+
+    def loss(p, s, u, wind, wrench, dt):
+        return jnp.sum(jax.vmap(one, in_axes=(None if shared else 0, 0, 0, 0, 0, 0))(p, s, u, wind, wrench, dt))
+
+    return loss
+
+
+def _targets(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).as_text()
+
+
+@pytest.mark.parametrize("dtype, shared", [("float64", False), ("float32", True)],
+                         ids=["float64, per-vehicle params", "float32, shared params"])
+def test_grad_and_jvp_run_in_the_native_kernels_and_equal_xla(dtype, shared):
+    ps, ss, u, wind, wrench, dts = _fleet(dtype)
+    p = jax.tree_util.tree_map(lambda x: x[0], ps) if shared else ps
+    args = (p, ss, u, wind, wrench, dts)
+    grad = {b: jax.grad(_loss(b, shared), argnums=tuple(range(6))) for b in ("native", "xla")}
+    hlo = _targets(grad["native"], *args)
+    assert "quadjax_adjoint_" in hlo and "quadjax_tangent_" not in hlo  # reverse mode: one sweep, no tangents
+    g_native, g_xla = jax.jit(grad["native"])(*args), jax.jit(grad["xla"])(*args)
+    rtol = 1e-9 if dtype == "float64" else 2e-3
+    for a, b in zip(jax.tree_util.tree_leaves(g_native), jax.tree_util.tree_leaves(g_xla)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        scale = float(np.max(np.abs(b)))
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale)
+    assert float(jnp.max(jnp.abs(g_native[3]))) > 0 and float(jnp.max(jnp.abs(g_native[4]))) > 0  # wind, wrench
+
+    rng = np.random.default_rng(1)
+    direction = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype) * 1e-3 * (
+        jnp.abs(x) + 1e-3), args)
+    jvp = {b: (lambda *a, b=b: jax.jvp(_loss(b, shared), a, direction)) for b in ("native", "xla")}
+    assert "quadjax_tangent_" in _targets(jvp["native"], *args)
+    (v_n, t_n), (v_x, t_x) = jax.jit(jvp["native"])(*args), jax.jit(jvp["xla"])(*args)
+    np.testing.assert_allclose(v_n, v_x, rtol=rtol)
+    np.testing.assert_allclose(t_n, t_x, rtol=rtol)
+    # and grad · direction is the same directional derivative
+    dot = sum(jnp.sum(g * d) for g, d in zip(jax.tree_util.tree_leaves(g_native), jax.tree_util.tree_leaves(direction)))
+    np.testing.assert_allclose(dot, t_n, rtol=10 * rtol)
+
+
+def test_gradient_equals_central_finite_differences():
+    """Independent of both implementations: d loss / d(mass, k_f, drag, x0, one command) by
+    central differences (f64; truncation ~h², rounding ~eps·loss/h)."""
+    ps, ss, u, wind, wrench, dts = _fleet("float64", seed=9)
+    loss = _loss("native", False)
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(ps, ss, u, wind, wrench, dts)
+    value = jax.jit(loss)
+    base = (ps, ss, u)
+    probes = [(0, lambda x, e: x.replace(mass=x.mass.at[2].add(e)), lambda g: g.mass[2], 1e-6),
+              (0, lambda x, e: x.replace(k_f=x.k_f.at[1].multiply(1 + e)), lambda g: g.k_f[1] * ps.k_f[1], 1e-6),
+              (0, lambda x, e: x.replace(drag_linear=x.drag_linear.at[3, 0].add(e)), lambda g: g.drag_linear[3, 0], 1e-6),
+              (1, lambda x, e: x.replace(velocity=x.velocity.at[0, 2].add(e)), lambda g: g.velocity[0, 2], 1e-6),
+              (2, lambda x, e: x.at[4, 7, 1].add(e * 100), lambda g: g[4, 7, 1] * 100, 1e-6)]
+    for i, move, pick, h in probes:
+        plus = list(base)
+        minus = list(base)
+        plus[i], minus[i] = move(base[i], h), move(base[i], -h)
+        fd = (value(*plus, wind, wrench, dts) - value(*minus, wind, wrench, dts)) / (2 * h)
+        np.testing.assert_allclose(pick(g[i]), fd, rtol=2e-6, atol=1e-7)
+
+
+def test_recomputed_segments_give_the_stored_sweep_bit_for_bit():
+    """The reverse sweep's memory bound: segments of 1, 5 or 7 ticks recomputed from
+    checkpoints give the bits of the whole horizon kept (the same operations in the same order),
+    including a last segment shorter than the others."""
+    ps, ss, u, wind, wrench, dts = _fleet("float64")
+    x0 = native.pack_state(ss)
+
+    def grads(segment):
+        def loss(p, x, u, w, e):
+            f, saved = jax.vmap(lambda p, x, u, w, e: native.rollout(p, x, u, 0.01, w, e, substeps=SUBSTEPS,
+                                                                     save_every=SAVE, segment=segment))(p, x, u, w, e)
+            return jnp.sum(f ** 2) + jnp.sum(jnp.cos(saved))
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(ps, x0, u, wind, wrench)
+
+    whole = grads(0)
+    for segment in (1, 5, 7):
+        np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(grads(segment))],
+                                [np.asarray(x) for x in jax.tree_util.tree_leaves(whole)])
+
+
+def test_second_derivatives_and_vmap_of_grad():
+    """jacfwd(grad) through the primitives (the JVPs of the tangent and adjoint: XLA's) equals
+    central differences of the native gradient; vmap(grad) over initial states with every other
+    input shared (unbatched cotangents, summed over the broadcast batch) equals a loop."""
+    ps, ss, u, wind, wrench, dts = _fleet("float64", seed=3)
+    p, u1, w1, e1 = (jax.tree_util.tree_map(lambda x: x[0], t) for t in (ps, u, wind, wrench))
+    s0 = jax.tree_util.tree_map(lambda x: x[0], ss)
+    config = qj.SimConfig(backend="native", substeps=SUBSTEPS)
+
+    def loss(v, m):
+        return jnp.sum(qj.simulate(p.replace(mass=m), s0.replace(velocity=v), 0.01, commands=u1,
+                                   inputs=qj.Inputs(wind=w1, wrench=e1), config=config).final.position ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    d2v, d2m = jax.jit(jax.jacfwd(lambda v, m: grad(v, m)[1], argnums=(0, 1)))(s0.velocity, p.mass)
+    h = 1e-5
+    fd_m = (grad(s0.velocity, p.mass + h)[1] - grad(s0.velocity, p.mass - h)[1]) / (2 * h)
+    fd_v = [(grad(s0.velocity.at[k].add(h), p.mass)[1] - grad(s0.velocity.at[k].add(-h), p.mass)[1]) / (2 * h)
+            for k in range(3)]
+    np.testing.assert_allclose(d2m, fd_m, rtol=1e-6)
+    np.testing.assert_allclose(d2v, fd_v, rtol=1e-6, atol=1e-9 * float(np.max(np.abs(fd_v))))
+    velocities = s0.velocity + jnp.asarray(np.random.default_rng(0).normal(size=(3, 3)))
+    per = jax.jit(jax.vmap(grad, in_axes=(0, None)))(velocities, p.mass)
+    loop = [grad(v, p.mass) for v in velocities]
+    leaves_close(per, jax.tree_util.tree_map(lambda *x: jnp.stack(x), *loop), rtol=1e-12, atol=1e-14)
+    assert float(jnp.std(per[1])) > 0
