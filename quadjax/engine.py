@@ -28,8 +28,9 @@ commands, inputs and ``dt`` are cast to it, so float32 stays float32 under x64.
 Speed (benchmarks/RESULTS.md): an open loop with no hook runs the whole horizon in one
 native kernel call; anything with per-tick work runs one kernel call per tick inside the
 scan (or, on XLA, the component form of the stepper, split once before the scan and joined
-only where a hook or the saved output needs the array form). Derivatives always run XLA's
-program of the same model, so ``jax.grad`` works on every backend.
+only where a hook or the saved output needs the array form). Every path is differentiable:
+on the kernel, ``jax.jvp`` / ``jax.grad`` run its generated tangent and adjoint
+(:mod:`quadjax.native`), on XLA its program of the same model.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class SimConfig:
     save: which per-tick outputs are kept: a subset of ``("state", "command")``. Hooks'
         own per-tick outputs are kept whenever ``save_every`` > 0.
     checkpoint: rematerialise each tick in the backward pass (``jax.checkpoint``): reverse-mode
-        memory drops to one carry per tick.
+        memory drops to one carry per tick. (The kernel's reverse sweep bounds its own memory.)
     backend: ``"auto"`` (the native CPU kernel where it applies, else XLA), ``"xla"``, or
         ``"native"`` (the kernel, or a ValueError saying why it does not apply).
     check: ``"off"``; ``"monitor"`` runs the invariant monitor (I1 once, I2–I5 before and

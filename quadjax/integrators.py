@@ -162,8 +162,8 @@ def rk4_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
     x' = x + dt/6 (k₁ + 2k₂ + 2k₃ + k₄).
 
     On the CPU backend this runs in the native kernel generated from this very step
-    (:func:`quadjax.native.kernel_rk4_step`), one call for a whole ``vmap``-ped batch;
-    elsewhere, and for its derivatives, as XLA operations. Both are the same function.
+    (:func:`quadjax.native.kernel_rk4_step`), one call for a whole ``vmap``-ped batch, and so
+    do its first derivatives; elsewhere as XLA operations. Both are the same function.
     """
     # imported here: quadjax.native generates its kernel from this module's rk4_step_c
     from quadjax.native import kernel_rk4_step

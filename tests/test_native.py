@@ -326,7 +326,7 @@ def test_kernel_matches_xla_on_random_vehicles(seed, dt):
 # --------------------------------------------------------------------------- the design card's shape
 
 
-def _scan_of_vmapped(step, T):
+def _scan_of_vmapped(step):
     """A user's own rollout: ``lax.scan`` over ``jax.vmap(step)``, per-vehicle params and commands."""
     def fly(ps, s, u, dt):
         def tick(s, u_t):
@@ -347,9 +347,9 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
     ps, s, dt = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *[(p, s, dt) for p, s, _, dt in fleet])
     rng = np.random.default_rng(0)
     u = jnp.stack([u[None] * rng.uniform(0.9, 1.1, (T, R)) for _, _, u, _ in fleet]).astype(dtype)
-    mine = jax.jit(_scan_of_vmapped(qj.rk4_step, T))
+    mine = jax.jit(_scan_of_vmapped(qj.rk4_step))
     assert "quadjax_step_" in mine.lower(ps, s, u, dt).as_text()
-    xla = jax.jit(_scan_of_vmapped(_rk4_step_xla, T))
+    xla = jax.jit(_scan_of_vmapped(_rk4_step_xla))
     assert "quadjax_" not in xla.lower(ps, s, u, dt).as_text()
     got = mine(ps, s, u, dt)
     leaves_close(got, xla(ps, s, u, dt), **TOL[jnp.float64 if dtype == "float64" else jnp.float32])
@@ -364,7 +364,8 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
 
 def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences():
     """grad, jvp, jacfwd, vmap(grad) and checkpoint of a loss over a scan of the kernel's
-    rk4_step equal those of the XLA form (to 1e-10) and central finite differences."""
+    rk4_step run in the adjoint / tangent kernels and equal those of the XLA form (to 1e-10)
+    and central finite differences."""
     from quadjax.integrators import _rk4_step_xla
 
     dtype, T = "float64", 30
@@ -380,13 +381,16 @@ def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences(
     args = (p.mass, p.k_f, s)
     g_xla = jax.jit(jax.grad(lambda *a: loss(_rk4_step_xla, *a), argnums=(0, 1, 2)))(*args)
     for remat in (False, True):
-        g = jax.jit(jax.grad(lambda *a: loss(qj.rk4_step, *a, remat), argnums=(0, 1, 2)))(*args)
-        leaves_close(g, g_xla, rtol=1e-10, atol=1e-12)
+        grad = jax.jit(jax.grad(lambda *a: loss(qj.rk4_step, *a, remat), argnums=(0, 1, 2)))
+        assert "quadjax_adjoint_" in grad.lower(*args).as_text()
+        leaves_close(grad(*args), g_xla, rtol=1e-10, atol=1e-12)
     def tangent(step):  # one step's tangent along (mass, body rates) at once
         move = lambda m, w: step(p.replace(mass=m), s.replace(body_rates=w), u, dt)
         return jax.jit(lambda: jax.jvp(move, (p.mass, s.body_rates), (jnp.ones((), dtype), jnp.ones(3, dtype)))[1])()
 
     leaves_close(tangent(qj.rk4_step), tangent(_rk4_step_xla), rtol=1e-10, atol=1e-14)
+    move = lambda m: qj.rk4_step(p.replace(mass=m), s, u, dt)  # noqa: E731
+    assert "quadjax_tangent_" in jax.jit(lambda m: jax.jvp(move, (m,), (m,))[1]).lower(p.mass).as_text()
     jac = jax.jit(jax.jacfwd(lambda v: qj.rk4_step(p, s.replace(velocity=v), u, dt).position))(s.velocity)
     jac_xla = jax.jit(jax.jacfwd(lambda v: _rk4_step_xla(p, s.replace(velocity=v), u, dt).position))(s.velocity)
     np.testing.assert_allclose(jac, jac_xla, rtol=1e-10, atol=1e-14)

@@ -103,8 +103,10 @@ def adjoint_step(P, X, U, Wd, E, C):
     return (g_state, *jax.tree_util.tree_map(jnp.add, held, [g_params, *g_inputs]))
 
 
+@functools.lru_cache(maxsize=None)
 def _example(rotors: int, dtype) -> dict:
-    """Abstract (ShapeDtypeStruct) arguments of :func:`kernel_step` for ``rotors`` and ``dtype``."""
+    """Abstract (ShapeDtypeStruct) arguments of :func:`kernel_step` for ``rotors`` and ``dtype``
+    (cached: every trace of rk4_step on the kernel asks for it; read-only)."""
     def leaf(*shape):
         return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -118,9 +120,6 @@ def _example(rotors: int, dtype) -> dict:
 
 def _struct(dtype, rotors: int) -> str:
     return f"qj_{'f32' if np.dtype(dtype) == np.float32 else 'f64'}_r{rotors}"
-
-
-KINDS = ("forward", "derivatives")  # one library each: derivative users alone pay for the second
 
 
 @functools.lru_cache(maxsize=None)
@@ -340,12 +339,16 @@ def pack_state(state: QuadState) -> jax.Array:
     return jnp.concatenate([jnp.reshape(x, batch + (-1,)) for x in leaves], axis=-1)
 
 
+def _unpack(x: jax.Array, like):
+    """The pytree ``like`` (of ShapeDtypeStructs) read from rows ``x`` in its :class:`Layout`
+    on the last axis (leading axes kept)."""
+    leaves = [jnp.reshape(x[..., k:k + math.prod(shape)], x.shape[:-1] + shape) for _, shape, k in Layout.of(like).entries]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
+
+
 def unpack_state(x: jax.Array, rotors: int) -> QuadState:
     """Inverse of :func:`pack_state` on the last axis."""
-    layout = Layout.of(_example(rotors, x.dtype)["S"])
-    leaves = [jnp.reshape(x[..., k:k + int(np.prod(shape))], x.shape[:-1] + shape)
-              for _, shape, k in layout.entries]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(_example(rotors, x.dtype)["S"]), leaves)
+    return _unpack(x, _example(rotors, np.dtype(x.dtype))["S"])
 
 
 # --------------------------------------------------------------------------- the call
@@ -440,9 +443,7 @@ def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, r
 
 def unpack_params(row: jax.Array, rotors: int) -> tuple:
     """Inverse of :func:`pack_params` for one vehicle: ``(params, h)``."""
-    example = _example(rotors, row.dtype)["P"]
-    leaves = [jnp.reshape(row[k:k + math.prod(shape)], shape) for _, shape, k in Layout.of(example).entries]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(example), leaves)
+    return _unpack(row, _example(rotors, np.dtype(row.dtype))["P"])
 
 
 def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
@@ -521,26 +522,18 @@ def _tangent_transpose(cts, *args, **params):
                          for g, t in zip(grads, tangents)]
 
 
-def _tangent_jvp(primals, tangents, **params):  # second order: XLA's
-    primals = tuple(primals)
-    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
-    lin = lambda *a: jax.jvp(functools.partial(_xla, **params), a[:5], a[5:])[1]  # noqa: E731
-    return jax.jvp(lin, primals, tangents)
-
-
-def _adjoint_jvp(primals, tangents, **params):  # second order: XLA's
-    primals = tuple(primals)
-    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
-
-    def adj(*a):
-        return jax.vjp(functools.partial(_xla, **params), *a[:5])[1](tuple(a[5:]))
-
-    return jax.jvp(adj, primals, tangents)
+def _on_xla(form):
+    """A JVP rule (second order) from ``form(xla)``: what the primitive computes, written with
+    the XLA rollout ``xla`` (:func:`_xla`), differentiated by JAX."""
+    def jvp(primals, tangents, **params):
+        fn = form(functools.partial(_xla, **params))
+        return jax.jvp(fn, tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
+    return jvp
 
 
 ad.primitive_jvps[rollout_p] = _rollout_jvp
-ad.primitive_jvps[tangent_p] = _tangent_jvp
-ad.primitive_jvps[adjoint_p] = _adjoint_jvp
+ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: jax.jvp(xla, a[:5], a[5:])[1])
+ad.primitive_jvps[adjoint_p] = _on_xla(lambda xla: lambda *a: jax.vjp(xla, *a[:5])[1](tuple(a[5:])))
 ad.primitive_transposes[tangent_p] = _tangent_transpose
 
 
@@ -556,8 +549,9 @@ def kernel_rk4_step(params: QuadParams, state: QuadState, command, dt, *, fallba
     trace holds both (``lax.platform_dependent``: the kernel on the CPU, the fallback on other
     platforms; the code generator reads the fallback). Leading batch dimensions broadcast as
     in ``fallback``; under ``jax.vmap`` the whole batch is one kernel call, so a user's own
-    ``lax.scan`` over ``jax.vmap(rk4_step)`` runs at the kernel's speed. Derivatives (jvp,
-    grad, jacfwd, under vmap and checkpoint) are the fallback's.
+    ``lax.scan`` over ``jax.vmap(rk4_step)`` runs at the kernel's speed. Its derivatives (jvp,
+    grad, jacfwd, under vmap and checkpoint) run in the tangent and adjoint kernels
+    (:func:`_kernel_step_jvp`), and are the fallback's where those are missing.
     """
     command = jnp.asarray(command)
     dtype = jnp.result_type(state.energy)

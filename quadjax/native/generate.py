@@ -25,8 +25,9 @@ parameters alone hoisted into a prologue run once per block of vehicles.
 The layout of the flat input and output vectors is the pytree's leaves in order (for the
 dataclasses: their fields in declaration order), each raveled C-order: :class:`Layout`
 records it, so the harness never restates a field list. NaN semantics follow XLA: ``max``,
-``min`` and ``clamp`` propagate NaN. The code is meant to be compiled with
-``-ffp-contract=off`` (no FMA), so it rounds as the model's un-fused XLA operations do.
+``min`` and ``clamp`` propagate NaN. Compiled with ``-ffp-contract=off`` (no FMA) the code rounds
+as the model's un-fused XLA operations do (tests/test_generate.py); the kernel is compiled with
+FMA contraction (quadjax.native.FLAGS) and agrees to rounding.
 """
 
 from __future__ import annotations
@@ -413,29 +414,27 @@ class _Generator:
         idx = tuple(slice(a, b, s) for a, b, s in zip(eqn.params["start_indices"], eqn.params["limit_indices"], strides))
         return [(x[idx], d)]
 
-    def p_dynamic_slice(self, eqn, ins, avals):
-        (x, d), starts = ins[0], ins[1:]
-        sizes = eqn.params["slice_sizes"]
+    @staticmethod
+    def _window(name, starts, sizes, shape) -> tuple:
+        """The static index of a dynamic slice of ``sizes`` at ``starts`` (folded constants, as
+        XLA clamps them into range)."""
         idx = []
-        for (s, _), size, n in zip(starts, sizes, x.shape):
+        for (s, _), size, n in zip(starts, sizes, shape):
             s = s[()] if isinstance(s, np.ndarray) else s
             if isinstance(s, _Sym):
-                raise UnsupportedPrimitive("quadjax.native.generate: dynamic_slice with an index known only at run time")
-            start = min(max(int(s), 0), n - size)  # XLA clamps the start into range
+                raise UnsupportedPrimitive(f"quadjax.native.generate: {name} with an index known only at run time")
+            start = min(max(int(s), 0), n - size)
             idx.append(slice(start, start + size))
-        return [(x[tuple(idx)], d)]
+        return tuple(idx)
+
+    def p_dynamic_slice(self, eqn, ins, avals):
+        (x, d), starts = ins[0], ins[1:]
+        return [(x[self._window("dynamic_slice", starts, eqn.params["slice_sizes"], x.shape)], d)]
 
     def p_dynamic_update_slice(self, eqn, ins, avals):  # the transpose of dynamic_slice
         (x, d), (update, _), starts = ins[0], ins[1], ins[2:]
-        idx = []
-        for (s, _), size, n in zip(starts, update.shape, x.shape):
-            s = s[()] if isinstance(s, np.ndarray) else s
-            if isinstance(s, _Sym):
-                raise UnsupportedPrimitive("quadjax.native.generate: dynamic_update_slice with an index known only at run time")
-            start = min(max(int(s), 0), n - size)  # XLA clamps the start into range
-            idx.append(slice(start, start + size))
         out = x.copy()
-        out[tuple(idx)] = update
+        out[self._window("dynamic_update_slice", starts, update.shape, x.shape)] = update
         return [(out, d)]
 
     def p_pad(self, eqn, ins, avals):  # the transpose of a slice: x at lo + i (interior + 1), the rest pad

@@ -119,46 +119,61 @@ inline void Gather(V* x, const F* src, int n, int j) {
   for (int i = 0; i < n; ++i) x[i][j] = src[i];
 }
 
-// Run vehicles [v0, v0 + count) (count <= W) through the whole horizon; spare lanes repeat the
-// first vehicle (finite numbers, results discarded).
+// The vehicle of each lane of the block [v0, v0 + count) (count <= W; spare lanes repeat v0:
+// finite numbers, results discarded) and its rows in the per-tick series.
+template <int W>
+struct Lanes {
+  int64_t v[W], c[W], w[W], r[W];  // vehicle; its commands, wind and wrench rows
+  template <typename F>
+  Lanes(const Job<F>& job, int64_t v0, int count) {
+    for (int j = 0; j < W; ++j) {
+      v[j] = v0 + (j < count ? j : 0);
+      c[j] = job.bc.row(v[j]);
+      w[j] = job.bw.row(v[j]);
+      r[j] = job.br.row(v[j]);
+    }
+  }
+};
+
+// Tick t's wind and wrench into the lanes; a series of length 1 is read only when `first`.
+template <class K, int W>
+void LoadSeries(const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t, bool first, typename K::V* wind,
+                typename K::V* ext) {
+  for (int j = 0; j < W; ++j) {
+    if (first || job.Tw > 1) Gather(wind, job.wind + (lanes.w[j] * job.Tw + (job.Tw > 1 ? t : 0)) * K::N_Wd, K::N_Wd, j);
+    if (first || job.Tr > 1) Gather(ext, job.wrench + (lanes.r[j] * job.Tr + (job.Tr > 1 ? t : 0)) * K::N_E, K::N_E, j);
+  }
+}
+
+// Run vehicles [v0, v0 + count) (count <= W) through the whole horizon.
 template <class K>
 void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count) {
   using F = typename K::F;
   constexpr int W = K::W, R = Block<K>::R, NS = K::N_S, NP = K::N_P;
-  int64_t crow[W], wrow[W], rrow[W];
+  const Lanes<W> lanes(job, v0, count);
   // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
   // closed-loop tick, are otherwise dominated by this transposition and the prologue)
   const bool reuse = job.bp.shared && B.params_ready;
   for (int j = 0; j < W; ++j) {
-    const int64_t v = v0 + (j < count ? j : 0);
-    crow[j] = job.bc.row(v);
-    wrow[j] = job.bw.row(v);
-    rrow[j] = job.br.row(v);
-    if (!reuse) Gather(B.p, job.params + job.bp.row(v) * NP, NP, j);
-    for (const auto& seg : job.state) Gather(B.s + seg.offset, seg.in + seg.b.row(v) * seg.width, seg.width, j);
+    if (!reuse) Gather(B.p, job.params + job.bp.row(lanes.v[j]) * NP, NP, j);
+    for (const auto& seg : job.state) Gather(B.s + seg.offset, seg.in + seg.b.row(lanes.v[j]) * seg.width, seg.width, j);
   }
   if (!reuse) K::prologue(B.p, B.H);
   B.params_ready = job.bp.shared;
   const int64_t T = job.T;
-  auto load_inputs = [&](int64_t tick) {
-    for (int j = 0; j < W; ++j) {
-      if (tick == 0 || job.Tw > 1) Gather(B.wind, job.wind + (wrow[j] * job.Tw + (job.Tw > 1 ? tick : 0)) * K::N_Wd, K::N_Wd, j);
-      if (tick == 0 || job.Tr > 1) Gather(B.ext, job.wrench + (rrow[j] * job.Tr + (job.Tr > 1 ? tick : 0)) * K::N_E, K::N_E, j);
-    }
-  };
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     // stage the block's next commands lane-major: each vehicle's rows are read in one
     // sequential run instead of one strided line per vehicle per tick
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
     for (int j = 0; j < W; ++j) {
-      const F* c = job.commands + (crow[j] * T + t0) * R;
+      const F* c = job.commands + (lanes.c[j] * T + t0) * R;
       for (int tt = 0; tt < len; ++tt)
         for (int r = 0; r < R; ++r) B.staged[tt][r][j] = c[tt * R + r];
     }
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
       for (int r = 0; r < R; ++r) B.u[r] = B.staged[tt][r];
-      load_inputs(tick);
+      LoadSeries<K>(job, lanes, tick, tick == 0, B.wind, B.ext);
       for (int64_t sub = 0; sub < job.substeps; ++sub) K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
@@ -361,24 +376,18 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   constexpr int W = K::W, R = K::N_U, NS = K::N_S, NP = K::N_P, NW = K::N_Wd, NE = K::N_E;
   const Job<F>& f = job.fwd;
   const int64_t T = f.T, sub = f.substeps, slots = f.save_every ? T / f.save_every : 0;
-  int64_t crow[W], wrow[W], rrow[W];
+  const Lanes<W> lanes(f, v0, count);
   const auto& seg0 = f.state[0];
   for (int j = 0; j < W; ++j) {
-    const int64_t v = v0 + (j < count ? j : 0);
-    crow[j] = f.bc.row(v);
-    wrow[j] = f.bw.row(v);
-    rrow[j] = f.br.row(v);
-    Gather(B.p, f.params + f.bp.row(v) * NP, NP, j);
-    Gather(B.s, seg0.in + seg0.b.row(v) * NS, NS, j);
+    Gather(B.p, f.params + f.bp.row(lanes.v[j]) * NP, NP, j);
+    Gather(B.s, seg0.in + seg0.b.row(lanes.v[j]) * NS, NS, j);
   }
   K::prologue(B.p, B.H);
   A::prologue(B.p, B.HA);
+  LoadSeries<K>(f, lanes, 0, true, B.wind, B.ext);  // held series: read once
   auto load_inputs = [&](int64_t t) {
-    for (int j = 0; j < W; ++j) {
-      Gather(B.u, f.commands + (crow[j] * T + t) * R, R, j);
-      Gather(B.wind, f.wind + (wrow[j] * f.Tw + (f.Tw > 1 ? t : 0)) * NW, NW, j);
-      Gather(B.ext, f.wrench + (rrow[j] * f.Tr + (f.Tr > 1 ? t : 0)) * NE, NE, j);
-    }
+    for (int j = 0; j < W; ++j) Gather(B.u, f.commands + (lanes.c[j] * T + t) * R, R, j);
+    LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
   };
   // segments of L ticks: the trail holds L * substeps states
   const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment > 0 ? job.segment : kTrailVectors / (sub * NS)));
@@ -398,7 +407,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   if (segments > 1) forward(0, T, false);  // the checkpoints (one segment: its trail, below)
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
   for (int j = 0; j < W; ++j)
-    for (int i = 0; i < NS; ++i) B.c[i][j] = job.ct_final[job.bf.row(v0 + (j < count ? j : 0)) * NS + i];
+    for (int i = 0; i < NS; ++i) B.c[i][j] = job.ct_final[job.bf.row(lanes.v[j]) * NS + i];
   for (int64_t seg = segments - 1; seg >= 0; --seg) {
     const int64_t t0 = seg * L, t1 = std::min(T, t0 + L);
     if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
