@@ -14,7 +14,9 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
   step on the CPU), and the same loop over the XLA form of the step;
 * ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode with one
   tangent (the generated tangent kernel) of a 1 000-step rollout loss at N = 256, against the
-  native forward of the same loss; and the same ``grad`` on the XLA backend.
+  native forward of the same loss; the same ``grad`` on the XLA backend; and grad at 10 000
+  steps, where the reverse sweep recomputes segments from checkpoints. Each row reports the
+  subprocess's peak resident memory (``ru_maxrss``) and its first call (compile included).
 
 ``--only SUBSTRING`` runs the rows whose name contains it (the C reference is then skipped).
 """
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -80,7 +83,8 @@ def worker(case: dict) -> dict:
         cpus.append(time.process_time() - c0)
     steps = N * T
     return {**case, "wall_ns": statistics.median(walls) / steps * 1e9, "cpu_ns": statistics.median(cpus) / steps * 1e9,
-            "wall_s": statistics.median(walls), "first_call_s": first_s}
+            "wall_s": statistics.median(walls), "first_call_s": first_s,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
 
 
 def run(case: dict) -> dict:
@@ -119,18 +123,22 @@ def main():
         "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
         "rollout forward N=256, T=1000 (loss)": dict(kind="forward", N=256, T=1000),
         "grad of it (native adjoint)": dict(kind="grad", N=256, T=1000),
+        "rollout forward N=256, T=10000 (loss)": dict(kind="forward", N=256, T=10000),
+        "grad of it, T=10000 (native adjoint, 3 recomputed segments)": dict(kind="grad", N=256, T=10000),
         "jvp of it, one tangent (native tangent)": dict(kind="jvp", N=256, T=1000),
         "grad of it on the XLA backend": dict(kind="grad_xla", N=256, T=1000),
     }
     cases = {k: v for k, v in cases.items() if args.only in k or (args.only and k.startswith("rollout forward"))}
+    forward_of = {T: name for name, c in cases.items() if c["kind"] == "forward" for T in [c["T"]]}
     load0 = os.getloadavg()[0]
     ref = None if args.only else c_reference(4096, 2000)
     rows = {name: run({**c, "repeats": r}) for name, c in cases.items()}
     load1 = os.getloadavg()[0]
     lines = [f"float32, RK4, dt 1 ms, RP-1, final state only; medians of {r}; load average {load0:.2f} -> {load1:.2f}",
-             "", "| configuration | wall ns / vehicle-step | CPU ns / vehicle-step | ratio |", "|---|---:|---:|---|"]
+             "", "| configuration | wall ns / vehicle-step | CPU ns / vehicle-step | ratio | peak RSS MB | first call s |",
+             "|---|---:|---:|---|---:|---:|"]
     if ref:
-        lines.append(f"| C reference (../shared/perf, 1 core, -ffast-math), N=4096 | {ref:.1f} | {ref:.1f} | 1 |")
+        lines.append(f"| C reference (../shared/perf, 1 core, -ffast-math), N=4096 | {ref:.1f} | {ref:.1f} | 1 | | |")
     base = rows.get("rollout N=4096, 2 threads", {"error": "not run"})
     for name, row in rows.items():
         if "error" in row:
@@ -141,12 +149,13 @@ def main():
         elif name.startswith("scan(") and "error" not in base:
             ratio = f"{row['wall_ns'] / base['wall_ns']:.2f}x rollout (wall)"
         elif name.startswith(("grad", "jvp")):
-            fwd = rows["rollout forward N=256, T=1000 (loss)"]
+            fwd = rows[forward_of[row["T"]]]
             ratio = (f"{row['wall_s'] / fwd['wall_s']:.1f}x the native forward (wall), "
                      f"{row['cpu_ns'] / fwd['cpu_ns']:.1f}x (CPU)")
         else:
             ratio = ""
-        lines.append(f"| {name} | {row['wall_ns']:.1f} | {row['cpu_ns']:.1f} | {ratio} |")
+        lines.append(f"| {name} | {row['wall_ns']:.1f} | {row['cpu_ns']:.1f} | {ratio} | {row['peak_mb']:.0f} | "
+                     f"{row['first_call_s']:.1f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

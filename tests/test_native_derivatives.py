@@ -66,7 +66,7 @@ def test_grad_and_jvp_run_in_the_native_kernels_and_equal_xla(dtype, shared):
     hlo = _targets(grad["native"], *args)
     assert "quadjax_adjoint_" in hlo and "quadjax_tangent_" not in hlo  # reverse mode: one sweep, no tangents
     g_native, g_xla = jax.jit(grad["native"])(*args), jax.jit(grad["xla"])(*args)
-    rtol = 1e-9 if dtype == "float64" else 2e-3
+    rtol = 1e-10 if dtype == "float64" else 2e-3
     for a, b in zip(jax.tree_util.tree_leaves(g_native), jax.tree_util.tree_leaves(g_xla)):
         assert a.shape == b.shape and a.dtype == b.dtype
         scale = float(np.max(np.abs(b)))
