@@ -10,13 +10,14 @@ Day one: the types (:class:`QuadParams`, :class:`QuadState`), the model
 (:func:`mix`), presets and hover trim, the invariants and status codes. Everything else
 lives in its module: ``quadjax.control``, ``quadjax.mixer``, ``quadjax.monitor``,
 ``quadjax.sweep``, ``quadjax.sysid`` (imports optax), ``quadjax.mpc``, ``quadjax.native``,
-``quadjax.sharding``, ``quadjax.frames``.
+``quadjax.sharding``, ``quadjax.frames``, ``quadjax.euler16`` (seed 003's 16-state
+Euler-angle model, another :class:`Vehicle` for the same engine).
 """
 
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from quadjax import control, frames, presets, status
-from quadjax.engine import Hook, Inputs, Reduce, SimConfig, Tick, Trajectory, map_vehicles, simulate, vehicle_axes
+from quadjax.engine import Hook, Inputs, Reduce, SimConfig, Tick, Trajectory, Vehicle, map_vehicles, simulate, vehicle_axes
 from quadjax.integrators import euler_step, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
 from quadjax.mixer import MixerParams, mix
@@ -42,6 +43,7 @@ __all__ = [
     "SimConfig",
     "Tick",
     "Trajectory",
+    "Vehicle",
     "__version__",
     "check_params",
     "control",

@@ -22,6 +22,12 @@ ValueError naming the field; traced ones (under ``jit``/``vmap``) give status 6
 flags them and still flies them: it is what optimisers differentiate (sysid, MPC), and a
 vehicle frozen at state0 would give them a zero gradient as soon as a step leaves the valid set.
 
+Other vehicle models (a :class:`Vehicle`: seed 003's 16-state Euler-angle model,
+:mod:`quadjax.euler16`) fly through the same tick loop, hooks, status codes and saved outputs:
+their params name their :class:`Vehicle`, which checks them at the boundary and gives the
+steppers. The invariant monitor, wind and wrench inputs and the native kernel are the
+quadrotor's.
+
 The result is a :class:`Trajectory`. All arithmetic is in the dtype of ``state0``: params,
 commands, inputs and ``dt`` are cast to it, so float32 stays float32 under x64.
 
@@ -51,7 +57,7 @@ from quadjax._components import join_state, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import STEPPERS, component_stepper, rk4_step
 from quadjax.params import QuadParams, check_params, float_dtype
-from quadjax.resolution import STABILITY, fixed_rate, start_code
+from quadjax.resolution import STABILITY, fixed_rate, start_code, status_at_start
 from quadjax.state import QuadState
 
 BACKENDS = ("auto", "xla", "native")
@@ -201,6 +207,53 @@ class Reduce(Hook):
         return self.fn(carry, tick.after), jnp.zeros((), jnp.int32), None
 
 
+class Vehicle:
+    """A vehicle model other than the quadrotor, flown by :func:`simulate`.
+
+    Its params class names it in a class attribute ``vehicle``; :func:`simulate` then asks it:
+
+    * ``boundary(params, state0, dt) -> (params, state0, dt, dtype, width)``: shapes of one
+      vehicle checked (ValueError naming the field), params and ``dt`` cast to the state's
+      dtype; ``width`` is the command's length;
+    * ``check_params(params)``: ValueError naming the first bad field (concrete params);
+    * ``params_valid(params) -> () bool``: the same judgement, traceable;
+    * ``fastest_rate(params) -> () 1/s``: the params' own fastest rate, against which the
+      engine judges the step as for the quadrotor (ValueError, or status ``coarse_step``);
+      ``rate_name`` says what it is;
+    * ``steppers``: integrator name → ``stepper(params, state, command, h) -> state``.
+
+    The engine does the rest as for the quadrotor: ``dt`` and a finite ``state0`` checked,
+    ``params_invalid`` / ``coarse_step`` status codes for traced params.
+    """
+
+    name = "vehicle"
+    rate_name = "fastest rate"
+    steppers: dict = {}
+
+    def boundary(self, params, state0, dt):
+        raise NotImplementedError
+
+    def check_params(self, params):
+        raise NotImplementedError
+
+    def params_valid(self, params):
+        raise NotImplementedError
+
+    def fastest_rate(self, params):
+        raise NotImplementedError
+
+
+def _vehicle_of(params) -> Vehicle | None:
+    """None for the quadrotor's :class:`QuadParams`, else the :class:`Vehicle` the params name."""
+    if isinstance(params, QuadParams):
+        return None
+    vehicle = getattr(type(params), "vehicle", None)
+    if not isinstance(vehicle, Vehicle):
+        raise ValueError(f"params: expected a QuadParams or the params of a quadjax.Vehicle, "
+                         f"got {type(params).__name__}")
+    return vehicle
+
+
 @functools.partial(jax.tree_util.register_dataclass, data_fields=[
     "final", "states", "commands", "ctrl_state", "status", "status_tick", "report", "hooks", "outputs"],
     meta_fields=["config", "backend"])
@@ -208,7 +261,8 @@ class Reduce(Hook):
 class Trajectory:
     """What :func:`simulate` returns (leading batch axes when batched).
 
-    final: QuadState after the last tick (a stopped vehicle: its state when it stopped).
+    final: QuadState (another :class:`Vehicle`: its state) after the last tick (a stopped vehicle:
+        its state when it stopped).
     states: QuadState (T // save_every, ...) after every ``save_every``-th tick, or None.
     commands: (T // save_every, R) the commands of those ticks [rad/s], or None (after a vehicle
         stopped: the command of the tick it stopped in, frozen like its state).
@@ -273,25 +327,28 @@ def _check_shapes(params: QuadParams, state0: QuadState, R: int):
                          f"map_vehicles): {err}") from None
 
 
-def _check_concrete(params: QuadParams, state0: QuadState, dt, config: SimConfig):
+def _check_concrete(params, state0, dt, config: SimConfig, vehicle: Vehicle | None = None):
     """Values that are concrete at trace time are checked here, with a message; traced ones
     become per-vehicle status codes (:func:`quadjax.resolution.start_code`) instead."""
     leaves = [*jax.tree_util.tree_leaves(params), dt]
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return
     try:
-        check_params(params)
+        (check_params if vehicle is None else vehicle.check_params)(params)
     except ValueError as err:
         raise ValueError(f"simulate: invalid params: {err}") from None
     if not (float(dt) > 0 and np.isfinite(float(dt))):
         raise ValueError(f"simulate: dt = {float(dt)}: expected a finite time step > 0 [s]")
-    h, limit = float(dt) / config.substeps, config.stability
-    rate = float(fixed_rate(params))
+    h, limit = float(dt) / config.substeps, _stability(config, vehicle)
+    if vehicle is None:
+        rate, what = float(fixed_rate(params)), "drag or gyroscopic coupling, quadjax.resolution.fixed_rate"
+    else:
+        rate, what = float(vehicle.fastest_rate(params)), vehicle.rate_name
     if limit is not None and rate * h > limit:
         raise ValueError(
             f"simulate: step dt/substeps = {h:g} s is unstable for these params: their fastest rate "
-            f"(drag or gyroscopic coupling, quadjax.resolution.fixed_rate) is {rate:.4g} 1/s and "
-            f"{config.stepper.__name__} needs rate × step <= {limit:.3g}; use dt/substeps <= {limit / rate:.3g} s")
+            f"({what}) is {rate:.4g} 1/s and {getattr(config.integrator, '__name__', config.integrator)} "
+            f"needs rate × step <= {limit:.3g}; use dt/substeps <= {limit / rate:.3g} s")
     if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(state0)):
         try:
             chex.assert_tree_all_finite(state0)
@@ -306,6 +363,13 @@ def _series(name, x, num_ticks, width, dtype):
     if x.shape != (num_ticks, width):
         raise ValueError(f"inputs.{name}: shape {x.shape}, expected ({num_ticks}, {width}) (one row per tick)")
     return x
+
+
+def _stability(config: SimConfig, vehicle: Vehicle | None) -> float | None:
+    """The largest λ·h the run's stepper is stable at (None: a stepper of the caller's)."""
+    if vehicle is None:
+        return config.stability
+    return STABILITY.get(config.integrator) if isinstance(config.integrator, str) else None
 
 
 def why_not_native(config: SimConfig, rotors: int, dtype) -> str | None:
@@ -365,13 +429,19 @@ def simulate(
     """
     if not isinstance(config, SimConfig):
         raise ValueError(f"config: expected a SimConfig, got {type(config).__name__}")
-    params, state0, dt, dtype, R = _cast_inputs(params, state0, dt)
+    vehicle = _vehicle_of(params)
+    if vehicle is None:
+        params, state0, dt, dtype, R = _cast_inputs(params, state0, dt)
+    else:
+        params, state0, dt, dtype, R = vehicle.boundary(params, state0, dt)
+        _vehicle_options(vehicle, config, inputs)
     if (commands is None) == (controller is None):
         raise ValueError("simulate: give either commands= (open loop) or controller= (closed loop)")
     if commands is not None:
         commands = jnp.asarray(commands, dtype)
         if commands.ndim != 2 or commands.shape[1] != R:
-            raise ValueError(f"commands: shape {commands.shape}, expected (T, {R}) rotor-speed commands")
+            raise ValueError(f"commands: shape {commands.shape}, expected (T, {R}) "
+                             f"{'rotor-speed commands' if vehicle is None else 'commands'}")
         if num_ticks is not None and num_ticks != commands.shape[0]:
             raise ValueError(f"num_ticks={num_ticks} but commands has {commands.shape[0]} rows")
         num_ticks = commands.shape[0]
@@ -389,7 +459,11 @@ def simulate(
         raise ValueError("hooks: expected Hook instances (quadjax.engine.Hook, Reduce, ...)")
     if not isinstance(config.integrator, str) and config.stepper not in STEPPERS.values() and wrench is not None:
         raise ValueError("inputs.wrench needs one of the library's steppers (euler, semi-implicit, rk4)")
-    _check_concrete(params, state0, dt, config)
+    _check_concrete(params, state0, dt, config, vehicle)
+    if vehicle is not None:
+        physics = _VehiclePhysics(vehicle, params, dt, config, R)
+        policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state, observe)
+        return _run(physics, state0, cs0, policy, per_tick, None, None, num_ticks, hooks, edit, config, "xla")
     on_native = _use_native(config, R, dtype)
     backend = "native" if on_native else "xla"
     if config.check != "off":
@@ -412,15 +486,34 @@ def simulate(
             report=None, hooks=(), outputs=(),
             config=config, backend=backend)
 
-    if commands is not None:  # open loop: the controller that replays the commands
-        policy, cs0, per_tick = _replay, None, commands
-    else:
-        policy, cs0, per_tick = functools.partial(_closed_loop, controller, ctrl_params, observe), ctrl_state, None
+    policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state, observe)
     physics = _Physics(params, dt, config, on_native, R)
     traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, config, backend)
     if config.check == "raise":
         _raise_on_violation(traj)
     return traj
+
+
+def _policy(commands, controller, ctrl_params, ctrl_state, observe):
+    """(policy, its initial state, per-tick input): the replay of ``commands`` (open loop) or
+    the controller on the observation."""
+    if commands is not None:
+        return _replay, None, commands
+    return functools.partial(_closed_loop, controller, ctrl_params, observe), ctrl_state, None
+
+
+def _vehicle_options(vehicle: Vehicle, config: SimConfig, inputs):
+    """Options only the quadrotor has, refused by name for another vehicle."""
+    if inputs is not None and (inputs.wind is not None or inputs.wrench is not None):
+        raise ValueError(f"simulate: {vehicle.name} takes no wind or wrench inputs (the quadrotor's)")
+    if config.check != "off":
+        raise ValueError(f"simulate: check={config.check!r} runs the quadrotor's invariant monitor; "
+                         f"{vehicle.name} has none (use check='off' or a Hook)")
+    if config.backend == "native":
+        raise ValueError(f"backend='native': the kernel flies the quadrotor model, not {vehicle.name}")
+    if isinstance(config.integrator, str) and config.integrator not in vehicle.steppers:
+        raise ValueError(f"SimConfig.integrator={config.integrator!r}: {vehicle.name} has "
+                         f"{sorted(vehicle.steppers)} (or pass a stepper function)")
 
 
 def _replay(cs, state, t, u_k, params):
@@ -447,6 +540,10 @@ class _Physics:
             self.P = split_params(params)
             self.step_c = component_stepper(config.stepper)
 
+    def start(self):
+        """The vehicle's status before the first tick."""
+        return start_code(self.params, self.h, self.config.stability)
+
     def pack(self, state: QuadState):
         return native.pack_state(state) if self.native else split_state(state)
 
@@ -461,6 +558,36 @@ class _Physics:
         external = None if wrench_t is None else (tuple(split(wrench_t[:3])), tuple(split(wrench_t[3:])))
         return _hold(self.step_c, P, carry, split(command), self.dt / self.config.substeps, self.config.substeps,
                      external)
+
+
+class _VehiclePhysics:
+    """:class:`_Physics` for another :class:`Vehicle`: its state is the carry, its stepper
+    steps it."""
+
+    def __init__(self, vehicle: Vehicle, params, dt, config: SimConfig, width):
+        self.vehicle, self.params, self.dt, self.config, self.R = vehicle, params, dt, config, width
+        self.h = dt / config.substeps
+        integrator = config.integrator
+        self.stepper = vehicle.steppers[integrator] if isinstance(integrator, str) else integrator
+
+    def start(self):
+        v = self.vehicle
+        return status_at_start(v.params_valid(self.params), v.fastest_rate(self.params), self.h,
+                               _stability(self.config, v))
+
+    def pack(self, state):
+        return state
+
+    def view(self, carry):
+        return carry
+
+    def advance(self, carry, command, wind_t, wrench_t):
+        def step(x, _):
+            return self.stepper(self.params, x, command, self.h), None
+
+        if self.config.substeps == 1:
+            return step(carry, None)[0]
+        return jax.lax.scan(step, carry, None, length=self.config.substeps)[0]
 
 
 def _hold(step_c, P, S, u, h, substeps, external):
@@ -479,7 +606,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
     """The tick scan with hooks: every closed loop, every checked or hooked run."""
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
-    start = start_code(params, physics.h, config.stability)  # such a vehicle never flies
+    start = physics.start()  # a vehicle that does not start ok never flies
     ok = start == codes.OK
     R = physics.R
     carry0 = dict(

@@ -97,36 +97,63 @@ def semi_implicit_euler_step_c(params: QuadParams, state: QuadState, command, dt
     return _finish_c(params, state, after, command)
 
 
-def rk4_step_c(params: QuadParams, state: QuadState, command, dt, external=None) -> QuadState:
-    """:func:`rk4_step` in component form.
+def runge_kutta4(f, x, h, *, axpy=None, at_stage=None):
+    """One classical RK4 step of ẋ = f(x) from the pytree ``x`` over ``h``:
 
-    The four stages run as a loop over the Butcher tableau, carrying the stage
-    derivative kᵢ₋₁ and the running sum: XLA's CPU backend recomputes shared
-    subexpressions in every fused consumer, and the loop carry is where it
-    materialises each stage once (1.7× faster than the unrolled form at N = 4096,
-    benchmarks/README.md). Sums are accumulated in the textbook order.
+    k₁ = f(x), k₂ = f(x + h/2 k₁), k₃ = f(x + h/2 k₂), k₄ = f(x + h k₃),
+    x' = x + h/6 (k₁ + 2k₂ + 2k₃ + k₄).
+
+    The one statement of RK4 in the library: the quadrotor's :func:`rk4_step_c` and any other
+    vehicle's vector field (:mod:`quadjax.euler16`) step with it. ``axpy(x, a, k)`` is
+    x + a·k (default: leaf by leaf); ``at_stage(x_i, j)`` may replace parts of the state at
+    which stage j = 1..3 (and j = 0: the end) is evaluated.
+
+    The four stages run as a loop over the Butcher tableau, carrying the stage derivative
+    kᵢ₋₁ and the running sum: XLA's CPU backend recomputes shared subexpressions in every
+    fused consumer, and the loop carry is where it materialises each stage once (1.7× faster
+    than the unrolled form at N = 4096, benchmarks/README.md). Sums are accumulated in the
+    textbook order.
+    """
+    if axpy is None:
+        axpy = _tree_axpy
+    dtype = jnp.result_type(jax.tree_util.tree_leaves(x)[0])
+    a = jnp.asarray([0.0, 0.5, 0.5, 1.0], dtype)  # stage i evaluates f(x + aᵢ h kᵢ₋₁)
+    b = jnp.asarray([1 / 6, 1 / 3, 1 / 3, 1 / 6], dtype)  # x' = x + h Σ bᵢ kᵢ
+
+    def stage(carry, i):
+        x_stage, acc = carry
+        k = f(x_stage)
+        j = (i + 1) % 4
+        x_next = axpy(x, h * a[j], k)
+        if at_stage is not None:
+            x_next = at_stage(x_next, j)
+        return (x_next, axpy(acc, h * b[i], k)), None
+
+    (_, after), _ = jax.lax.scan(stage, (x, x), jnp.arange(4))
+    return after
+
+
+def _tree_axpy(x, a, k):
+    return jax.tree_util.tree_map(lambda xi, ki: xi + a * ki, x, k)
+
+
+def rk4_step_c(params: QuadParams, state: QuadState, command, dt, external=None) -> QuadState:
+    """:func:`rk4_step` in component form (:func:`runge_kutta4` on :func:`quadjax.model.derivative_c`).
 
     The rotor speeds are not RK4's: at each stage time and at the end they are the exact
     solution of the first-order lag with the command held (:func:`quadjax.quadrotor.
     lagged_rotor_speeds_c`), so the step stays stable and exact for a stiff lag (h ≫ τ),
     where RK4 on the lag diverges past h = 2.79 τ; the rest is RK4 with those speeds.
     """
-    dtype = jnp.result_type(state.energy)
-    a = jnp.asarray([0.0, 0.5, 0.5, 1.0], dtype)  # stage i evaluates f(x + aᵢ dt kᵢ₋₁)
-    b = jnp.asarray([1 / 6, 1 / 3, 1 / 3, 1 / 6], dtype)  # x' = x + dt Σ bᵢ kᵢ
     half, whole = lag_decay(params, dt * 0.5), lag_decay(params, dt)
-    decay = jnp.stack(jnp.broadcast_arrays(jnp.ones_like(half), half, half, whole))  # at aᵢ dt
+    decay = jnp.stack(jnp.broadcast_arrays(jnp.ones_like(half), half, half, whole))  # at aⱼ dt
 
-    def stage(carry, i):
-        x_stage, acc = carry
-        k = derivative_c(params, x_stage, command, external)
-        j = (i + 1) % 4
-        x_next = state_axpy(state, dt * a[j], k)
-        x_next = x_next.replace(rotor_speeds=lagged_rotor_speeds_c(params, state.rotor_speeds, command, decay[j]))
-        return (x_next, state_axpy(acc, dt * b[i], k)), None
+    def lagged(x, j):
+        return x.replace(rotor_speeds=lagged_rotor_speeds_c(params, state.rotor_speeds, command, decay[j]))
 
-    (_, after), _ = jax.lax.scan(stage, (state, state), jnp.arange(4))
-    after = after.replace(rotor_speeds=lagged_rotor_speeds_c(params, state.rotor_speeds, command, whole))
+    after = runge_kutta4(lambda x: derivative_c(params, x, command, external), state, dt,
+                         axpy=state_axpy, at_stage=lagged)
+    after = lagged(after, 3)
     return _finish_c(params, state, after, command)
 
 

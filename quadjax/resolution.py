@@ -150,7 +150,13 @@ def start_code(params: QuadParams, h, stability: float | None):
     that break I1 or a step h [s] that is not finite and > 0; ``coarse_step`` where the
     parameters' own rates make the stepper unstable at h (``stability``: its limit on λh,
     :data:`STABILITY`; None for a stepper of the caller's, not judged); else ``ok``."""
-    ok = params_valid(params) & jnp.isfinite(h) & (h > 0)
-    stable = True if stability is None else fixed_rate(params) * h <= stability
+    return status_at_start(params_valid(params), fixed_rate(params), h, stability)
+
+
+def status_at_start(valid, rate, h, stability: float | None):
+    """:func:`start_code` from its facts, for any vehicle: ``valid`` (its params pass their
+    checks) and ``rate`` [1/s] (their fastest rate)."""
+    ok = valid & jnp.isfinite(h) & (h > 0)
+    stable = True if stability is None else rate * h <= stability
     code = jnp.where(ok, jnp.where(stable, codes.OK, codes.COARSE_STEP), codes.PARAMS_INVALID)
     return code.astype(jnp.int32)
