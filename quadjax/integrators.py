@@ -153,7 +153,7 @@ def rk4_step_c(params: QuadParams, state: QuadState, command, dt, external=None)
 
     after = runge_kutta4(lambda x: derivative_c(params, x, command, external), state, dt,
                          axpy=state_axpy, at_stage=lagged)
-    after = lagged(after, 3)
+    after = after.replace(rotor_speeds=lagged_rotor_speeds_c(params, state.rotor_speeds, command, whole))
     return _finish_c(params, state, after, command)
 
 
