@@ -23,10 +23,10 @@ flags them and still flies them: it is what optimisers differentiate (sysid, MPC
 vehicle frozen at state0 would give them a zero gradient as soon as a step leaves the valid set.
 
 Other vehicle models (a :class:`Vehicle`: seed 003's 16-state Euler-angle model,
-:mod:`quadjax.euler16`) fly through the same tick loop, hooks, status codes and saved outputs:
-their params name their :class:`Vehicle`, which checks them at the boundary and gives the
-steppers. The invariant monitor, wind and wrench inputs and the native kernel are the
-quadrotor's.
+:mod:`quadjax.euler16`; the missile, car and helicopter of :mod:`quadjax.vehicles`) fly through the
+same tick loop, hooks, status codes, monitor (``check``: the vehicle's own ``violation``, by default
+I4) and saved outputs: their params name their :class:`Vehicle`, which checks them at the boundary
+and gives the steppers. Wind and wrench inputs and the native kernel are the quadrotor's.
 
 The result is a :class:`Trajectory`. All arithmetic is in the dtype of ``state0``: params,
 commands, inputs and ``dt`` are cast to it, so float32 stays float32 under x64.
@@ -56,6 +56,7 @@ from quadjax import status as codes
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.integrators import STEPPERS, component_stepper, rk4_step
+from quadjax.invariants import NON_FINITE
 from quadjax.params import QuadParams, check_params, float_dtype
 from quadjax.resolution import STABILITY, fixed_rate, start_code, status_at_start
 from quadjax.state import QuadState
@@ -220,7 +221,10 @@ class Vehicle:
     * ``fastest_rate(params) -> () 1/s``: the params' own fastest rate, against which the
       engine judges the step as for the quadrotor (ValueError, or status ``coarse_step``);
       ``rate_name`` says what it is;
-    * ``steppers``: integrator name → ``stepper(params, state, command, h) -> state``.
+    * ``steppers``: integrator name → ``stepper(params, state, command, h) -> state``;
+    * ``violation(params, state) -> () int32``: the monitor's judgement of a state
+      (:mod:`quadjax.status` codes; by default I4, ``non_finite``), run after every tick with
+      ``check="monitor"`` or ``"raise"``.
 
     The engine does the rest as for the quadrotor: ``dt`` and a finite ``state0`` checked,
     ``params_invalid`` / ``coarse_step`` status codes for traced params.
@@ -242,12 +246,26 @@ class Vehicle:
     def fastest_rate(self, params):
         raise NotImplementedError
 
+    def violation(self, params, state):
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(state)]))
+        return jnp.where(finite, codes.OK, NON_FINITE).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _VehicleMonitor(Hook):
+    """``check="monitor"`` for another :class:`Vehicle`: its ``violation`` after every tick."""
+
+    vehicle: Vehicle
+
+    def update(self, carry, tick):
+        return carry, self.vehicle.violation(tick.params, tick.after), None
+
 
 def _vehicle_of(params) -> Vehicle | None:
     """None for the quadrotor's :class:`QuadParams`, else the :class:`Vehicle` the params name."""
     if isinstance(params, QuadParams):
         return None
-    vehicle = getattr(type(params), "vehicle", None)
+    vehicle = getattr(params, "vehicle", None)
     if not isinstance(vehicle, Vehicle):
         raise ValueError(f"params: expected a QuadParams or the params of a quadjax.Vehicle, "
                          f"got {type(params).__name__}")
@@ -461,9 +479,14 @@ def simulate(
         raise ValueError("inputs.wrench needs one of the library's steppers (euler, semi-implicit, rk4)")
     _check_concrete(params, state0, dt, config, vehicle)
     if vehicle is not None:
+        if config.check != "off":
+            hooks = (_VehicleMonitor(vehicle),) + hooks
         physics = _VehiclePhysics(vehicle, params, dt, config, R)
         policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state, observe)
-        return _run(physics, state0, cs0, policy, per_tick, None, None, num_ticks, hooks, edit, config, "xla")
+        traj = _run(physics, state0, cs0, policy, per_tick, None, None, num_ticks, hooks, edit, config, "xla")
+        if config.check == "raise":
+            _raise_on_violation(traj)
+        return traj
     on_native = _use_native(config, R, dtype)
     backend = "native" if on_native else "xla"
     if config.check != "off":
@@ -506,9 +529,6 @@ def _vehicle_options(vehicle: Vehicle, config: SimConfig, inputs):
     """Options only the quadrotor has, refused by name for another vehicle."""
     if inputs is not None and (inputs.wind is not None or inputs.wrench is not None):
         raise ValueError(f"simulate: {vehicle.name} takes no wind or wrench inputs (the quadrotor's)")
-    if config.check != "off":
-        raise ValueError(f"simulate: check={config.check!r} runs the quadrotor's invariant monitor; "
-                         f"{vehicle.name} has none (use check='off' or a Hook)")
     if config.backend == "native":
         raise ValueError(f"backend='native': the kernel flies the quadrotor model, not {vehicle.name}")
     if isinstance(config.integrator, str) and config.integrator not in vehicle.steppers:

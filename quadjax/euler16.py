@@ -39,12 +39,11 @@ import numpy as np
 
 from quadjax._pytree import pytree_dataclass
 from quadjax.control.trajectories import Reference
-from quadjax.engine import Vehicle
 from quadjax.frames import RPM_PER_RAD_S, euler321_to_quat, euler_rates, quat_to_euler321, rpm_to_rad_s, rad_s_to_rpm
-from quadjax.integrators import runge_kutta4
 from quadjax.params import QuadParams, float_dtype
 from quadjax.rigid_body import angular_acceleration
 from quadjax.state import QuadState
+from quadjax.vehicles import VectorVehicle
 
 #: the seed's simplifications that ``Euler16Params.corrections`` can undo
 CORRECTIONS = ("euler_rates", "gyroscopic")
@@ -123,18 +122,12 @@ _BOUNDS = {"mass": "> 0", "inertia": "symmetric positive definite", "gravity": "
 
 def params_valid(params: Euler16Params) -> jax.Array:
     """Every field finite and within bounds (per vehicle; works under jit and vmap)."""
-    ok = True
-    for good in _value_checks(params).values():
-        ok = ok & good
-    return jnp.asarray(ok)
+    return EULER16.params_valid(params)
 
 
 def check_params(params: Euler16Params) -> None:
     """ValueError naming the first field out of bounds (concrete params)."""
-    for name, good in _value_checks(params).items():
-        if not bool(np.all(np.asarray(good))):
-            raise ValueError(f"Euler16Params.{name} = {np.asarray(getattr(params, name)).tolist()}: "
-                             f"must be finite and {_BOUNDS[name]}")
+    EULER16.check_params(params)
 
 
 # --------------------------------------------------------------------------- the motor model
@@ -203,16 +196,6 @@ def derivative(params: Euler16Params, x, command) -> jax.Array:
     gyro_rates = rates if "gyroscopic" in params.corrections else jnp.zeros_like(rates)
     w_dot = angular_acceleration(params.inertia, gyro_rates, moment)
     return jnp.concatenate([velocity, v_dot, euler_dot, w_dot, rpm_dot])
-
-
-def rk4_step(params: Euler16Params, x, command, dt) -> jax.Array:
-    """One RK4 step (:func:`quadjax.integrators.runge_kutta4`) of the seed's ODE, command held."""
-    return runge_kutta4(lambda s: derivative(params, s, command), x, dt)
-
-
-def euler_step(params: Euler16Params, x, command, dt) -> jax.Array:
-    """One explicit Euler step x + dt f(x)."""
-    return x + dt * derivative(params, x, command)
 
 
 # --------------------------------------------------------------------------- trim and conversions
@@ -344,33 +327,11 @@ def pd_control(ctrl: PDController, cs, x, t):
 
 # --------------------------------------------------------------------------- the engine's view
 
-
-class _Euler16(Vehicle):
-    name = "the seed-003 Euler16 model"
-    rate_name = "the motor lag k_motor"
-    steppers = {"rk4": rk4_step, "euler": euler_step}
-
-    def boundary(self, params, state0, dt):
-        dtype = float_dtype(jnp.result_type(state0), "simulate: state0 (its dtype sets the run's)")
-        if jnp.shape(state0) != (STATE_SIZE,):
-            raise ValueError(f"simulate: state0 has shape {jnp.shape(state0)}; the seed-003 state is "
-                             f"({STATE_SIZE},) for one vehicle (batch with jax.vmap or map_vehicles)")
-        shapes = {k: jnp.shape(getattr(params, k)) for k in _SCALARS}
-        bad = {k: s for k, s in shapes.items() if s != ()}
-        if bad or jnp.shape(params.inertia) != (3, 3):
-            raise ValueError(f"simulate: one vehicle's Euler16Params expected (scalars, inertia (3, 3)); "
-                             f"got {bad or {'inertia': jnp.shape(params.inertia)}}")
-        return params.astype(dtype), jnp.asarray(state0, dtype), jnp.asarray(dt, dtype), dtype, 4
-
-    def check_params(self, params):
-        check_params(params)
-
-    def params_valid(self, params):
-        return params_valid(params)
-
-    def fastest_rate(self, params):
-        return params.k_motor
-
-
-EULER16 = _Euler16()
+EULER16 = VectorVehicle("the seed-003 Euler16 model", derivative, STATE_SIZE, 4,
+                        {k: () for k in _SCALARS} | {"inertia": (3, 3)}, _value_checks, _BOUNDS,
+                        rate=lambda p: p.k_motor, rate_name="the motor lag k_motor")
 Euler16Params.vehicle = EULER16
+#: one RK4 step (:func:`quadjax.integrators.runge_kutta4`) of the seed's ODE, command held
+rk4_step = EULER16.rk4_step
+#: one explicit Euler step x + dt f(x)
+euler_step = EULER16.euler_step

@@ -144,12 +144,20 @@ def euler12_derivative(params: QuadParams, x12, rotor_speeds):
     [rad/s] act directly (no motor lag, full battery). Same forces and rigid body
     as :func:`quadjax.derivative`; the attitude rate is :func:`euler_rates`.
     """
-    euler, w = x12[..., 6:9], x12[..., 9:12]
-    q = euler321_to_quat(euler)
+    q = euler321_to_quat(x12[..., 6:9])
     energy = jnp.zeros(x12.shape[:-1], x12.dtype)
-    force, moment = body_wrench(params, q, x12[..., 3:6], w, rotor_speeds, energy)
+    force, moment = body_wrench(params, q, x12[..., 3:6], x12[..., 9:12], rotor_speeds, energy)
+    return euler12_rigid_body(params.mass, params.inertia, params.gravity, x12, force, moment)
+
+
+def euler12_rigid_body(mass, inertia, gravity, x12, body_force, moment):
+    """ẋ (12,) of a rigid body on the Euler-angle state x12 = [p, v, (φ, θ, ψ), ω] under a
+    body-frame force [N] and moment [N·m]: the quaternion core
+    (:func:`quadjax.rigid_body.rigid_body_derivative`) with the 3-2-1 angle rates
+    (:func:`euler_rates`) in place of q̇. Singular at θ = ±90°."""
+    euler, w = x12[..., 6:9], x12[..., 9:12]
     p_dot, v_dot, _, w_dot = rigid_body_derivative(
-        params.mass, params.inertia, params.gravity, q, x12[..., 3:6], w, force, moment
+        mass, inertia, gravity, euler321_to_quat(euler), x12[..., 3:6], w, body_force, moment
     )
     return jnp.concatenate([p_dot, v_dot, euler_rates(euler, w), w_dot], axis=-1)
 

@@ -38,16 +38,20 @@ def _all_finite(state: QuadState):
     return ok
 
 
+def unit_quaternion(q):
+    """I2 on quaternions q (..., 4): |‖q‖² − 1| ≤ 8 ε of their dtype (per quaternion)."""
+    eps = jnp.finfo(q.dtype).eps
+    return jnp.abs(jnp.sum(q * q, axis=-1) - 1.0) <= 8 * eps
+
+
 def state_violation(params: QuadParams, state: QuadState):
     """The first violated state invariant as an int32 code (0 = none), per vehicle.
 
     ``state`` may carry leading batch axes; the result has the batch shape.
     """
-    eps = jnp.finfo(state.attitude.dtype).eps
-    norm2 = jnp.sum(state.attitude * state.attitude, axis=-1)
     checks = [
         (NON_FINITE, ~_all_finite(state)),
-        (ATTITUDE_NOT_UNIT, ~(jnp.abs(norm2 - 1.0) <= 8 * eps)),
+        (ATTITUDE_NOT_UNIT, ~unit_quaternion(state.attitude)),
         (ROTOR_SPEED, ~jnp.all(
             (state.rotor_speeds >= 0) & (state.rotor_speeds <= params.omega_max[..., None]), axis=-1)),
         (ENERGY, ~(state.energy >= 0)),

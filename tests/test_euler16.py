@@ -241,12 +241,10 @@ def test_engine_boundary_errors_and_status_codes():
     p = cmu()
     x0 = e16.hover_state(p)
     w = jnp.tile(e16.hover_wrench(p), (10, 1))
-    with pytest.raises(ValueError, match="seed-003 state is \\(16,\\)"):
+    with pytest.raises(ValueError, match="is \\(16,\\) for one vehicle"):
         qj.simulate(p, x0[:12], 0.01, commands=w)
     with pytest.raises(ValueError, match="expected \\(T, 4\\) commands"):
         qj.simulate(p, x0, 0.01, commands=w[:, :3])
-    with pytest.raises(ValueError, match="invariant monitor"):
-        qj.simulate(p, x0, 0.01, commands=w, config=qj.SimConfig(check="monitor"))
     with pytest.raises(ValueError, match="no wind"):
         qj.simulate(p, x0, 0.01, commands=w, inputs=qj.Inputs(wind=jnp.zeros((10, 3))))
     with pytest.raises(ValueError, match="backend='native'"):
@@ -266,6 +264,12 @@ def test_engine_boundary_errors_and_status_codes():
     assert out.status.tolist() == [0, status.PARAMS_INVALID, 0]
     np.testing.assert_array_equal(out.final[1], x0)
     assert float(out.final[2, 2]) < -1e-4  # heavier than the trim: it sinks
+    # the monitor judges this vehicle too (I4): a NaN planted by edit= at tick 4 stops it there
+    planted = qj.simulate(p, x0, 0.01, commands=w, edit=lambda x, k: jnp.where(k == 4, x.at[3].set(jnp.nan), x),
+                          config=qj.SimConfig(check="monitor"))
+    assert (int(planted.status), int(planted.status_tick)) == (status.STATUS_IDS.index("non_finite"), 4)
+    clean = qj.simulate(p, x0, 0.01, commands=w, config=qj.SimConfig(check="monitor"))
+    assert int(clean.status) == 0
     # float32 stays float32
     f32 = qj.simulate(p.astype(jnp.float32), x0.astype(jnp.float32), 0.01, commands=w.astype(jnp.float32))
     assert f32.final.dtype == jnp.float32 and f32.states.dtype == jnp.float32
