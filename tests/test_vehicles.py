@@ -272,6 +272,8 @@ def _cases():
     mp = missile.reference_missile("euler", jnp.float64)
     heli = helicopter.laboratory(jnp.float64)
     carp = car.CarParams.create(15.0, dtype=jnp.float64)
+    mq = missile.reference_missile("quaternion", jnp.float64)
+    target = missile.PointMassParams.create(2.0, dtype=jnp.float64)
     return [
         ("missile", mp, lambda s: missile.launch_state(mp, (0, 0, 0), 30.0 + s, (0.0, -0.5 - 0.1 * s, 0.2)),
          jnp.asarray(rng.normal(size=(100, 3)) * 0.05), 0.002, "c_n_alpha"),
@@ -279,10 +281,19 @@ def _cases():
          helicopter.trim(heli, jnp.zeros(4)) + jnp.asarray(rng.normal(size=(100, 2))), 0.01, "k_py"),
         ("car", carp, lambda s: jnp.asarray([0.0, 1.0 + s, 0.1]), jnp.asarray(rng.normal(size=(100, 1)) * 0.1),
          0.05, "speed"),
+        ("missile (quaternion)", mq, lambda s: missile.launch_state(mq, (0, 0, 0), 30.0 + s, (0.1 * s, -0.5, 0.2)),
+         jnp.asarray(rng.normal(size=(100, 3)) * 0.05), 0.002, "static_margin"),
+        ("target", target, lambda s: jnp.asarray([100.0 * s, 0.0, 500.0, -200.0, 10.0 * s, 0.0]),
+         jnp.asarray(rng.normal(size=(100, 3)) * 50.0), 0.01, "mass"),
+        ("car lateral", car.LateralParams.of(carp), lambda s: jnp.asarray([0.1 * s, 1.0]),
+         jnp.asarray(rng.normal(size=(100, 1)) * 0.1), 0.05, "speed"),
     ]
 
 
-@pytest.mark.parametrize("case", range(3), ids=["missile", "helicopter", "car"])
+CASES = ["missile", "helicopter", "car", "missile (quaternion)", "target", "car lateral"]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
 def test_vmap_equals_loop_and_grad_equals_finite_differences(case):
     name, p, start, commands, dt, field = _cases()[case]
     x0s = jnp.stack([start(s) for s in (0.0, 1.0, 2.0)])
