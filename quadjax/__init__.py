@@ -11,7 +11,8 @@ Day one: the types (:class:`QuadParams`, :class:`QuadState`), the model
 lives in its module: ``quadjax.control``, ``quadjax.mixer``, ``quadjax.monitor``,
 ``quadjax.sweep``, ``quadjax.sysid`` (imports optax), ``quadjax.mpc``, ``quadjax.native``,
 ``quadjax.sharding``, ``quadjax.frames``, ``quadjax.euler16`` (seed 003's 16-state
-Euler-angle model, another :class:`Vehicle` for the same engine).
+Euler-angle model) and ``quadjax.vehicles`` (seed 004's missile, car and helicopter): other
+:class:`Vehicle` s for the same engine.
 """
 
 from importlib.metadata import PackageNotFoundError, version as _version
