@@ -211,7 +211,8 @@ class Reduce(Hook):
 class Vehicle:
     """A vehicle model other than the quadrotor, flown by :func:`simulate`.
 
-    Its params class names it in a class attribute ``vehicle``; :func:`simulate` then asks it:
+    Its params name it in an attribute ``vehicle`` (of the class, or a property that picks one by
+    a static field, as the missile's attitude form does); :func:`simulate` then asks it:
 
     * ``boundary(params, state0, dt) -> (params, state0, dt, dtype, width)``: shapes of one
       vehicle checked (ValueError naming the field), params and ``dt`` cast to the state's
