@@ -68,18 +68,20 @@ def _fly_full(qp, p, x0, wrenches):
 
 
 def compare(qp, ps, x0, wrenches):
-    """Per variant: attitude, position and rate errors over time (T,), against the full model."""
+    """Per variant: attitude, position and rate errors over time (T,), against the full model;
+    and the full model's rotation from its start, tilt [°] and ‖ω‖ (arrays only: vmappable)."""
     full = _fly_full(qp, ps["seed"], x0, wrenches)
     q0 = e16.to_quad_state(x0).attitude
-    out = {"t": (np.arange(wrenches.shape[0]) + 1) * DT,
-           "rotation": np.asarray(angle_between(q0, full.attitude)),
-           "tilt": np.degrees(np.arccos(np.clip(1 - 2 * (full.attitude[:, 1] ** 2 + full.attitude[:, 2] ** 2), -1, 1))),
-           "rate": np.asarray(jnp.linalg.norm(full.body_rates, axis=-1))}
+    r33 = 1 - 2 * (full.attitude[:, 1] ** 2 + full.attitude[:, 2] ** 2)
+    out = {"t": (jnp.arange(wrenches.shape[0]) + 1) * DT,
+           "rotation": angle_between(q0, full.attitude),
+           "tilt": jnp.degrees(jnp.arccos(jnp.clip(r33, -1, 1))),
+           "rate": jnp.linalg.norm(full.body_rates, axis=-1)}
     for name, p in ps.items():
         s = e16.to_quad_state(_fly16(p, x0, wrenches))
-        out[name] = {"attitude": np.asarray(angle_between(s.attitude, full.attitude)),
-                     "position": np.asarray(jnp.linalg.norm(s.position - full.position, axis=-1)),
-                     "rates": np.asarray(jnp.linalg.norm(s.body_rates - full.body_rates, axis=-1))}
+        out[name] = {"attitude": angle_between(s.attitude, full.attitude),
+                     "position": jnp.linalg.norm(s.position - full.position, axis=-1),
+                     "rates": jnp.linalg.norm(s.body_rates - full.body_rates, axis=-1)}
     return out
 
 
@@ -172,21 +174,11 @@ def envelope(qp, ps, quick):
     direction = np.ones(3) / math.sqrt(3)
     x0 = jnp.stack([base.at[6].set(a).at[9:12].set(w * direction) for a, w in zip(A.ravel(), W.ravel())])
     wrenches = hover(ps["seed"], 1.0)
-    runs = jax.vmap(lambda x: compare_arrays(qp, ps, x, wrenches))(x0)
+    runs = jax.tree_util.tree_map(np.asarray, jax.vmap(lambda x: compare(qp, ps, x, wrenches))(x0))
     shape = A.shape
-    rel = {name: (np.max(runs[name], axis=-1) / np.maximum(np.max(runs["rotation"], axis=-1), 1e-12)).reshape(shape)
-           for name in ps}
+    rel = {name: (np.max(runs[name]["attitude"], axis=-1) / np.maximum(np.max(runs["rotation"], axis=-1), 1e-12)
+                  ).reshape(shape) for name in ps}
     return tilts, rates, rel
-
-
-def compare_arrays(qp, ps, x0, wrenches):
-    """:func:`compare` as arrays only (vmappable): attitude errors per variant and the rotation."""
-    full = _fly_full(qp, ps["seed"], x0, wrenches)
-    q0 = e16.to_quad_state(x0).attitude
-    out = {"rotation": angle_between(q0, full.attitude)}
-    for name, p in ps.items():
-        out[name] = angle_between(e16.to_quad_state(_fly16(p, x0, wrenches)).attitude, full.attitude)
-    return out
 
 
 # --------------------------------------------------------------------------- report
@@ -301,7 +293,7 @@ def main():
     args = ap.parse_args()
     qp, ps = models()
     cases = manoeuvres(qp, ps["seed"], args.quick)
-    results = [compare(qp, ps, x0, w) for _, _, x0, w, _ in cases]
+    results = [jax.tree_util.tree_map(np.asarray, compare(qp, ps, x0, w)) for _, _, x0, w, _ in cases]
     rows = [summarise(name, amp, r, closed) for (name, amp, _, _, closed), r in zip(cases, results)]
     tilts, rates, rel = envelope(qp, ps, args.quick)
     (HERE / "out").mkdir(exist_ok=True)

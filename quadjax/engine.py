@@ -603,12 +603,10 @@ class _VehiclePhysics:
         return carry
 
     def advance(self, carry, command, wind_t, wrench_t):
-        def step(x, _):
-            return self.stepper(self.params, x, command, self.h), None
+        def step(params, x, u, h, external):  # _hold's stepper form (no external wrench here)
+            return self.stepper(params, x, u, h)
 
-        if self.config.substeps == 1:
-            return step(carry, None)[0]
-        return jax.lax.scan(step, carry, None, length=self.config.substeps)[0]
+        return _hold(step, self.params, carry, command, self.h, self.config.substeps, None)
 
 
 def _hold(step_c, P, S, u, h, substeps, external):

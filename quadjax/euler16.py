@@ -43,7 +43,7 @@ from quadjax.frames import RPM_PER_RAD_S, euler321_to_quat, euler_rates, quat_to
 from quadjax.params import QuadParams, float_dtype
 from quadjax.rigid_body import angular_acceleration
 from quadjax.state import QuadState
-from quadjax.vehicles import VectorVehicle
+from quadjax.vehicles import VectorVehicle, create, nonnegative, positive
 
 #: the seed's simplifications that ``Euler16Params.corrections`` can undo
 CORRECTIONS = ("euler_rates", "gyroscopic")
@@ -73,15 +73,10 @@ class Euler16Params:
     def create(cls, *, mass, inertia, c_t, c_q, arm, k_motor, rpm_min, rpm_max, gravity=9.80665,
                corrections=(), dtype=None) -> "Euler16Params":
         """Checked constructor (``inertia`` may be its diagonal); ValueError naming the first bad field."""
-        dtype = float_dtype(dtype if dtype is not None else jnp.zeros(()).dtype, "Euler16Params.create")
         inertia = np.asarray(inertia, np.float64)
-        inertia = np.diag(inertia) if inertia.shape == (3,) else inertia
-        values = dict(mass=mass, gravity=gravity, c_t=c_t, c_q=c_q, arm=arm, k_motor=k_motor,
-                      rpm_min=rpm_min, rpm_max=rpm_max)
-        p = cls(inertia=jnp.asarray(inertia, dtype), corrections=_corrections(corrections),
-                **{k: jnp.asarray(np.asarray(v, np.float64), dtype) for k, v in values.items()})
-        check_params(p)
-        return p
+        values = dict(mass=mass, inertia=np.diag(inertia) if inertia.shape == (3,) else inertia, gravity=gravity,
+                      c_t=c_t, c_q=c_q, arm=arm, k_motor=k_motor, rpm_min=rpm_min, rpm_max=rpm_max)
+        return create(cls, EULER16, values, dtype).replace(corrections=_corrections(corrections))
 
     def astype(self, dtype) -> "Euler16Params":
         dtype = float_dtype(dtype, "Euler16Params.astype")
@@ -98,21 +93,20 @@ def _corrections(names) -> tuple:
 
 def _value_checks(p: Euler16Params) -> dict:
     """Field name → bool (per vehicle) that it is within bounds (I1 for this model)."""
-    finite = {k: jnp.isfinite(getattr(p, k)) for k in _SCALARS}
     J = p.inertia
     sym = jnp.all(jnp.abs(J - jnp.swapaxes(J, -1, -2)) <= 1e-6 * jnp.max(jnp.abs(J), axis=(-2, -1))[..., None, None],
                   axis=(-2, -1))
     pd = jnp.all(jnp.isfinite(J), axis=(-2, -1)) & (jnp.linalg.eigvalsh(jnp.where(sym[..., None, None], J, 1.0))[..., 0] > 0)
     return {
-        "mass": finite["mass"] & (p.mass > 0),
+        "mass": positive(p.mass),
         "inertia": sym & pd,
-        "gravity": finite["gravity"] & (p.gravity >= 0),
-        "c_t": finite["c_t"] & (p.c_t > 0),
-        "c_q": finite["c_q"] & (p.c_q > 0),
-        "arm": finite["arm"] & (p.arm > 0),
-        "k_motor": finite["k_motor"] & (p.k_motor > 0),
-        "rpm_min": finite["rpm_min"] & (p.rpm_min >= 0),
-        "rpm_max": finite["rpm_max"] & (p.rpm_max > p.rpm_min),
+        "gravity": nonnegative(p.gravity),
+        "c_t": positive(p.c_t),
+        "c_q": positive(p.c_q),
+        "arm": positive(p.arm),
+        "k_motor": positive(p.k_motor),
+        "rpm_min": nonnegative(p.rpm_min),
+        "rpm_max": positive(p.rpm_max - p.rpm_min),
     }
 
 
@@ -168,7 +162,12 @@ def motor_model(params: Euler16Params, rpm, wrench):
     """The seed's motor model: (F N, M (3,) N·m, rpm_dot (4,) RPM/s) from the motor speeds
     ``rpm`` (4,) and the desired ``wrench`` (4,): rpm_dot = k_motor (rpm_des − rpm), and the
     wrench the motors make, A rpm²."""
-    rpm_dot = params.k_motor * (desired_rpm(params, wrench) - rpm)
+    return _motor_response(params, rpm, desired_rpm(params, wrench))
+
+
+def _motor_response(params: Euler16Params, rpm, rpm_des):
+    """:func:`motor_model` from the desired speeds (the lag and the wrench the motors make)."""
+    rpm_dot = params.k_motor * (rpm_des - rpm)
     actual = allocation(params) @ (rpm * rpm)
     return actual[0], actual[1:], rpm_dot
 
@@ -187,8 +186,14 @@ def thrust_direction(euler) -> jax.Array:
 
 def derivative(params: Euler16Params, x, command) -> jax.Array:
     """The seed's state_dot (16,) from the state ``x`` (16,) and desired wrench ``command`` (4,)."""
+    return _dynamics(params, x, desired_rpm(params, command))
+
+
+def _dynamics(params: Euler16Params, x, rpm_des) -> jax.Array:
+    """:func:`derivative` from the desired motor speeds: a step computes them (a 4×4 solve) once
+    for its command, not at every stage."""
     velocity, euler, rates, rpm = x[3:6], x[6:9], x[9:12], x[12:16]
-    force, moment, rpm_dot = motor_model(params, rpm, command)
+    force, moment, rpm_dot = _motor_response(params, rpm, rpm_des)
     gravity = jnp.stack([jnp.zeros_like(params.gravity), jnp.zeros_like(params.gravity), -params.gravity])
     v_dot = gravity + thrust_direction(euler) * (force / params.mass)
     euler_dot = euler_rates(euler, rates) if "euler_rates" in params.corrections else rates
@@ -327,9 +332,9 @@ def pd_control(ctrl: PDController, cs, x, t):
 
 # --------------------------------------------------------------------------- the engine's view
 
-EULER16 = VectorVehicle("the seed-003 Euler16 model", derivative, STATE_SIZE, 4,
+EULER16 = VectorVehicle("the seed-003 Euler16 model", _dynamics, STATE_SIZE, 4,
                         {k: () for k in _SCALARS} | {"inertia": (3, 3)}, _value_checks, _BOUNDS,
-                        rate=lambda p: p.k_motor, rate_name="the motor lag k_motor")
+                        rate=lambda p: p.k_motor, rate_name="the motor lag k_motor", prepare=desired_rpm)
 Euler16Params.vehicle = EULER16
 #: one RK4 step (:func:`quadjax.integrators.runge_kutta4`) of the seed's ODE, command held
 rk4_step = EULER16.rk4_step

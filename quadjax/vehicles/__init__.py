@@ -38,25 +38,33 @@ class VectorVehicle(Vehicle):
     ``checks(params) -> {field: bool}`` (traceable, per vehicle) with ``bounds`` {field: "> 0"}
     for the messages; ``rate(params) -> 1/s`` the params' fastest rate (None: not judged);
     ``finish(params, x) -> x`` the projection after every step (a quaternion renormalised);
-    ``violation(params, x) -> code`` what the monitor checks (default: I4, every value finite).
+    ``violation(params, x) -> code`` what the monitor checks (default: I4, every value finite);
+    ``prepare(params, command)``: the part of the derivative that depends on the params and the
+    command only, computed once per step (the command is held over it); ``derivative`` then
+    takes its result in place of the command.
     """
 
     def __init__(self, name: str, derivative: Callable, state_size: int, command_size: int, shapes: dict,
                  checks: Callable, bounds: dict, rate: Callable | None = None, rate_name: str = "fastest rate",
-                 finish: Callable | None = None, violation: Callable | None = None):
+                 finish: Callable | None = None, violation: Callable | None = None,
+                 prepare: Callable | None = None):
         self.name, self.derivative = name, derivative
         self.state_size, self.command_size, self.shapes = state_size, command_size, shapes
         self.checks, self.bounds, self.rate, self.rate_name = checks, bounds, rate, rate_name
-        self.finish, self._violation = finish, violation
+        self.finish, self._violation, self.prepare = finish, violation, prepare
         self.steppers = {"rk4": self.rk4_step, "euler": self.euler_step}
+
+    def _held(self, params, command):
+        return command if self.prepare is None else self.prepare(params, command)
 
     def rk4_step(self, params, x, command, dt):
         """One RK4 step of ẋ = derivative(params, x, command), command held."""
-        return self._finish(params, runge_kutta4(lambda s: self.derivative(params, s, command), x, dt))
+        u = self._held(params, command)
+        return self._finish(params, runge_kutta4(lambda s: self.derivative(params, s, u), x, dt))
 
     def euler_step(self, params, x, command, dt):
         """One explicit Euler step x + dt ẋ."""
-        return self._finish(params, x + dt * self.derivative(params, x, command))
+        return self._finish(params, x + dt * self.derivative(params, x, self._held(params, command)))
 
     def _finish(self, params, x):
         return x if self.finish is None else self.finish(params, x)
@@ -70,7 +78,8 @@ class VectorVehicle(Vehicle):
         if jnp.shape(state0) != (self.state_size,):
             raise ValueError(f"simulate: state0 has shape {jnp.shape(state0)}; the state of {self.name} is "
                              f"({self.state_size},) for one vehicle (batch with jax.vmap or map_vehicles)")
-        bad = {k: jnp.shape(getattr(params, k)) for k, s in self.shapes.items() if jnp.shape(getattr(params, k)) != s}
+        shapes = {k: jnp.shape(getattr(params, k)) for k in self.shapes}
+        bad = {k: s for k, s in shapes.items() if s != self.shapes[k]}
         if bad:
             raise ValueError(f"simulate: one vehicle's {type(params).__name__} expected ({self.shapes}); got {bad}")
         params = jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype), params)

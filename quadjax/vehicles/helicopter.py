@@ -98,9 +98,9 @@ _BOUNDS = {"j_p": "> 0", "j_y": "> 0", "d_p": ">= 0", "d_y": ">= 0", "k_pp": "wi
 
 
 def _rate(p: HelicopterParams):
-    """The damping rates D/J [1/s], the stiff part for an explicit stepper."""
-    jp, jy = _inertias(p, 0.0)
-    return jnp.maximum(p.d_p / jp, p.d_y / p.j_y)
+    """The damping rates D/J [1/s], the stiff part for an explicit stepper: the pitch inertia
+    about the pivot, and the smallest the yaw one gets (J_y, at θ = ±90°)."""
+    return jnp.maximum(p.d_p / _inertias(p, 0.0)[0], p.d_y / p.j_y)
 
 
 HELICOPTER = VectorVehicle("the 2-DoF helicopter", derivative, 4, 2, {f: () for f in FIELDS}, _checks, _BOUNDS,

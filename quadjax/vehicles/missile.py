@@ -117,13 +117,18 @@ def schedule(params: MissileParams, tau):
     return thrust, mass, inertia
 
 
+def reference_area(params: MissileParams):
+    """S = π d² / 4 [m²]."""
+    return 0.25 * jnp.pi * params.diameter**2
+
+
 def aerodynamics(params: MissileParams, v_body, rates, fins):
     """(force (3,) [N], moment (3,) [N·m]) of the air on the body (FLU) and of the fins."""
     speed2 = jnp.sum(v_body**2)
     moving = speed2 > 0
     speed = jnp.sqrt(jnp.where(moving, speed2, 1.0))  # V; the 1 is never used (q̄ = 0 at rest)
     qbar = jnp.where(moving, 0.5 * params.air_density * speed2, 0.0)
-    area = 0.25 * jnp.pi * params.diameter**2
+    area = reference_area(params)
     cross = v_body[1:] / speed  # (v, w) / V
     axial = -qbar * area * (params.c_a0 + params.c_a2 * jnp.sum(cross**2))
     normal = -qbar * area * params.c_n_alpha * cross  # (F_y, F_z)
@@ -300,8 +305,7 @@ def pn_control(ctrl: PNGuidance, cs, x, t):
     a_body = quat_rotate_inverse(q, accel)
     v_body = quat_rotate_inverse(q, x[3:6] - m.wind)
     _, mass, inertia = schedule(m, x[-1])
-    area = 0.25 * jnp.pi * m.diameter**2
-    qsd = jnp.maximum(0.5 * m.air_density * jnp.sum(v_body**2), 1.0) * area * m.diameter
+    qsd = jnp.maximum(0.5 * m.air_density * jnp.sum(v_body**2), 1.0) * reference_area(m) * m.diameter
     # the fin moment that cancels the static moment of the normal force F = m a_body: (0, ℓF_z, −ℓF_y)
     trim = m.static_margin * mass / (qsd * m.c_m_delta) * jnp.stack([0.0 * a_body[0], -a_body[2], a_body[1]])
     rates = body_rates(m, x)
