@@ -10,7 +10,9 @@ Day one: the types (:class:`QuadParams`, :class:`QuadState`), the model
 (:func:`mix`), presets and hover trim, the invariants and status codes. Everything else
 lives in its module: ``quadjax.control``, ``quadjax.mixer``, ``quadjax.monitor``,
 ``quadjax.sweep``, ``quadjax.sysid`` (imports optax), ``quadjax.mpc``, ``quadjax.native``,
-``quadjax.sharding``, ``quadjax.frames``, ``quadjax.euler16`` (seed 003's 16-state
+``quadjax.sharding``, ``quadjax.frames``, ``quadjax.sensors`` and ``quadjax.estimation`` (IMU,
+magnetometer, barometer, GPS/mocap, and the error-state EKF for the engine's observer slot,
+:class:`Observer`), ``quadjax.euler16`` (seed 003's 16-state
 Euler-angle model) and ``quadjax.vehicles`` (seed 004's missile, car and helicopter): other
 :class:`Vehicle` s for the same engine.
 """
@@ -18,7 +20,9 @@ Euler-angle model) and ``quadjax.vehicles`` (seed 004's missile, car and helicop
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from quadjax import control, frames, presets, status
-from quadjax.engine import Hook, Inputs, Reduce, SimConfig, Tick, Trajectory, Vehicle, map_vehicles, simulate, vehicle_axes
+from quadjax.engine import (
+    Hook, Inputs, Observer, Reduce, Sense, SimConfig, Tick, Trajectory, Vehicle, map_vehicles, simulate, vehicle_axes,
+)
 from quadjax.integrators import euler_step, rk4_step, semi_implicit_euler_step
 from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_violation
 from quadjax.mixer import MixerParams, mix
@@ -38,9 +42,11 @@ __all__ = [
     "Hook",
     "Inputs",
     "MixerParams",
+    "Observer",
     "QuadParams",
     "QuadState",
     "Reduce",
+    "Sense",
     "SimConfig",
     "Tick",
     "Trajectory",

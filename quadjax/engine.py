@@ -63,7 +63,7 @@ from quadjax.state import QuadState
 
 BACKENDS = ("auto", "xla", "native")
 CHECKS = ("off", "monitor", "raise")
-SAVE_FIELDS = ("state", "command")
+SAVE_FIELDS = ("state", "command", "estimate")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -78,8 +78,9 @@ class SimConfig:
     substeps: physics steps per tick, each ``dt / substeps`` long, the command held.
     save_every: keep the outputs (``save``) after every ``save_every``-th tick (it must divide
         ``num_ticks``); 0 keeps only the final state.
-    save: which per-tick outputs are kept: a subset of ``("state", "command")``. Hooks'
-        own per-tick outputs are kept whenever ``save_every`` > 0.
+    save: which per-tick outputs are kept: a subset of ``("state", "command", "estimate")``
+        (the estimate: what an :class:`Observer` gave the controller). Hooks' own per-tick
+        outputs are kept whenever ``save_every`` > 0.
     checkpoint: rematerialise each tick in the backward pass (``jax.checkpoint``): reverse-mode
         memory drops to one carry per tick. (The kernel's reverse sweep bounds its own memory.)
     backend: ``"auto"`` (the native CPU kernel where it applies, else XLA), ``"xla"``, or
@@ -158,7 +159,7 @@ class Tick(NamedTuple):
     command: (R,) [rad/s]; after: what the step produced; ctrl_state: the controller's state
     after the tick; wind, wrench: this tick's inputs or None; flying: () bool, False once the
     vehicle has stopped (its tick is then computed and discarded); h: () the physics step,
-    dt / substeps [s].
+    dt / substeps [s]; estimate: what the :class:`Observer` gave the controller (None without one).
     """
 
     k: jax.Array
@@ -172,6 +173,60 @@ class Tick(NamedTuple):
     wrench: jax.Array | None
     flying: jax.Array
     h: jax.Array
+    estimate: Any = None
+
+
+class Sense(NamedTuple):
+    """What an :class:`Observer` sees at the start of tick ``k`` of one vehicle (array form).
+
+    k: () int32; t: () [s]; params: the vehicle's params; state: the true state at t (after
+    ``edit``); command: (R,) the command being flown (the previous tick's; zeros at k = 0);
+    wind (3,), wrench (6,): this tick's inputs or None.
+    """
+
+    k: jax.Array
+    t: jax.Array
+    params: Any
+    state: Any
+    command: jax.Array
+    wind: jax.Array | None
+    wrench: jax.Array | None
+
+
+class Observer:
+    """The observer slot: what stands between the plant and the controller (sensors, then an
+    estimator). Pass one as ``simulate(..., observe=observer)``; subclass and override.
+
+    ``init(params, state0, dt)`` → carry. ``update(carry, sense)`` → ``(observation, carry,
+    code)``: ``observation`` is what the controller reads (a state-like pytree), ``code`` a
+    () int32 status code, non-zero to stop the vehicle (an estimator that diverged:
+    ``status.ESTIMATOR``). ``record(observation, carry)`` → what is kept per tick in
+    :attr:`Trajectory.estimates` (default: the observation). ``result(carry)`` →
+    :attr:`Trajectory.observer`. Observers are pytrees or hashable; their parameters may be
+    batched with the vehicles.
+    """
+
+    def init(self, params, state0, dt):
+        return None
+
+    def update(self, carry, sense: Sense):
+        return sense.state, carry, jnp.zeros((), jnp.int32)
+
+    def record(self, observation, carry):
+        return observation
+
+    def result(self, carry):
+        return carry
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stateless(Observer):
+    """``observe(params, state, t)`` (a plain function) in the observer slot."""
+
+    fn: Callable
+
+    def update(self, carry, sense):
+        return self.fn(sense.params, sense.state, sense.t), carry, jnp.zeros((), jnp.int32)
 
 
 class Hook:
@@ -274,7 +329,8 @@ def _vehicle_of(params) -> Vehicle | None:
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=[
-    "final", "states", "commands", "ctrl_state", "status", "status_tick", "report", "hooks", "outputs"],
+    "final", "states", "commands", "estimates", "ctrl_state", "observer", "status", "status_tick", "report", "hooks",
+    "outputs"],
     meta_fields=["config", "backend"])
 @dataclasses.dataclass(frozen=True)
 class Trajectory:
@@ -285,7 +341,9 @@ class Trajectory:
     states: QuadState (T // save_every, ...) after every ``save_every``-th tick, or None.
     commands: (T // save_every, R) the commands of those ticks [rad/s], or None (after a vehicle
         stopped: the command of the tick it stopped in, frozen like its state).
+    estimates: what the :class:`Observer` gave the controller in those ticks, or None.
     ctrl_state: the controller's final state (None in open loop).
+    observer: the observer's ``result`` (None without one).
     status: () int32, :mod:`quadjax.status` code of the vehicle (0: flew to the end).
     status_tick: () int32, the tick in which it stopped (0 for invalid params), −1 if it did not.
     report: the monitor's :class:`quadjax.monitor.MonitorReport` (``config.check`` on), else None.
@@ -296,7 +354,9 @@ class Trajectory:
     final: QuadState
     states: QuadState | None
     commands: jax.Array | None
+    estimates: Any
     ctrl_state: Any
+    observer: Any
     status: jax.Array
     status_tick: jax.Array
     report: Any
@@ -429,7 +489,7 @@ def simulate(
     ctrl_state=None,
     num_ticks: int | None = None,
     inputs: Inputs | None = None,
-    observe: Callable | None = None,
+    observe: "Callable | Observer | None" = None,
     edit: Callable | None = None,
     hooks: tuple = (),
     config: SimConfig = SimConfig(),
@@ -439,7 +499,9 @@ def simulate(
     Open loop: ``commands`` (T, R) rotor-speed commands [rad/s], one per tick (``num_ticks``
     is then T). Closed loop: ``controller(ctrl_params, ctrl_state, observation, t) ->
     (command (R,), ctrl_state)`` runs at t = k·dt, its command held for the tick; the
-    observation is ``observe(params, state, t)``, by default the true state.
+    observation is the true state, or ``observe(params, state, t)``, or what an
+    :class:`Observer` (sensors and an estimator, :mod:`quadjax.estimation`) makes of the
+    truth. An Observer also runs in open loop (its estimates saved, nothing steered by them).
     ``inputs``: per-tick :class:`Inputs` (wind, wrench). ``edit(state, k) -> state``: the
     caller's code run on the state before tick k (the monitor checks what it produces).
     ``hooks``: per-tick :class:`Hook` s (crash rules, reductions). ``config``: :class:`SimConfig`.
@@ -464,8 +526,13 @@ def simulate(
         if num_ticks is not None and num_ticks != commands.shape[0]:
             raise ValueError(f"num_ticks={num_ticks} but commands has {commands.shape[0]} rows")
         num_ticks = commands.shape[0]
-        if observe is not None:
-            raise ValueError("simulate: observe= needs a controller (open loop replays commands)")
+        if observe is not None and not isinstance(observe, Observer):
+            raise ValueError("simulate: observe= a function needs a controller (open loop replays commands); "
+                             "an Observer runs in open loop too")
+    if observe is not None and not isinstance(observe, Observer):
+        if not callable(observe):
+            raise ValueError(f"observe: expected a function or a quadjax.Observer, got {type(observe).__name__}")
+        observe = _Stateless(observe)
     if not isinstance(num_ticks, int) or isinstance(num_ticks, bool) or num_ticks < 1:
         raise ValueError(f"num_ticks={num_ticks!r}: expected an int >= 1 (static under jit)")
     if config.save_every and num_ticks % config.save_every:
@@ -483,8 +550,9 @@ def simulate(
         if config.check != "off":
             hooks = (_VehicleMonitor(vehicle),) + hooks
         physics = _VehiclePhysics(vehicle, params, dt, config, R)
-        policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state, observe)
-        traj = _run(physics, state0, cs0, policy, per_tick, None, None, num_ticks, hooks, edit, config, "xla")
+        policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state)
+        traj = _run(physics, state0, cs0, policy, per_tick, None, None, num_ticks, hooks, edit, observe, config,
+                    "xla")
         if config.check == "raise":
             _raise_on_violation(traj)
         return traj
@@ -495,7 +563,7 @@ def simulate(
 
         hooks = (Monitor(wind=wind is not None, wrench=wrench is not None, config=config),) + hooks
 
-    if commands is not None and not hooks and edit is None:  # the fast open loop: no per-tick work
+    if commands is not None and not hooks and edit is None and observe is None:  # the fast open loop
         final, states = _open_loop(params, state0, commands, dt, wind, wrench, config, on_native)
         # invalid params (I1) or an unstable step are flagged (status 6, 10) but flown: this bare
         # open loop is what optimisers (sysid, MPC) differentiate, and freezing would zero their
@@ -505,25 +573,25 @@ def simulate(
         saved = commands[config.save_every - 1::config.save_every] if config.save_every else None
         return Trajectory(
             final=final, states=states if "state" in config.save else None,
-            commands=saved if "command" in config.save else None, ctrl_state=None,
+            commands=saved if "command" in config.save else None, estimates=None, ctrl_state=None, observer=None,
             status=start, status_tick=jnp.where(start == codes.OK, -1, 0).astype(jnp.int32),
             report=None, hooks=(), outputs=(),
             config=config, backend=backend)
 
-    policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state, observe)
+    policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state)
     physics = _Physics(params, dt, config, on_native, R)
-    traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, config, backend)
+    traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observe, config, backend)
     if config.check == "raise":
         _raise_on_violation(traj)
     return traj
 
 
-def _policy(commands, controller, ctrl_params, ctrl_state, observe):
+def _policy(commands, controller, ctrl_params, ctrl_state):
     """(policy, its initial state, per-tick input): the replay of ``commands`` (open loop) or
     the controller on the observation."""
     if commands is not None:
         return _replay, None, commands
-    return functools.partial(_closed_loop, controller, ctrl_params, observe), ctrl_state, None
+    return functools.partial(_closed_loop, controller, ctrl_params), ctrl_state, None
 
 
 def _vehicle_options(vehicle: Vehicle, config: SimConfig, inputs):
@@ -537,14 +605,13 @@ def _vehicle_options(vehicle: Vehicle, config: SimConfig, inputs):
                          f"{sorted(vehicle.steppers)} (or pass a stepper function)")
 
 
-def _replay(cs, state, t, u_k, params):
+def _replay(cs, obs, t, u_k):
     """The open-loop policy: this tick's row of ``commands``."""
     return u_k, cs
 
 
-def _closed_loop(controller, ctrl_params, observe, cs, state, t, u_k, params):
+def _closed_loop(controller, ctrl_params, cs, obs, t, u_k):
     """The closed-loop policy: ``controller`` on the observation (``u_k`` is None)."""
-    obs = state if observe is None else observe(params, state, t)
     return controller(ctrl_params, cs, obs, t)
 
 
@@ -621,8 +688,8 @@ def _where(flag, a, b):
     return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
 
-def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, config, backend):
-    """The tick scan with hooks: every closed loop, every checked or hooked run."""
+def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observer, config, backend):
+    """The tick scan with hooks: every closed loop, every checked, hooked or observed run."""
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
     start = physics.start()  # a vehicle that does not start ok never flies
@@ -632,6 +699,7 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
         x=physics.pack(state0), cs=cs0, flying=ok, u=jnp.zeros((R,), dtype),
         status=start, status_tick=jnp.where(ok, -1, 0).astype(jnp.int32),
         hooks=tuple(h.init(params, state0, dt) for h in hooks),
+        obs=None if observer is None else observer.init(params, state0, dt),
     )
     xs = (jnp.arange(num_ticks, dtype=jnp.int32), per_tick, wind, wrench)
 
@@ -641,13 +709,20 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
         state = physics.view(c["x"])
         before = state if edit is None else edit(state, k)
         x_in = c["x"] if edit is None else physics.pack(before)
-        command, cs1 = policy(c["cs"], before, t, u_k, params)
+        code = jnp.zeros((), jnp.int32)
+        if observer is None:
+            seen, obs1 = before, None
+        else:
+            seen, obs1, code = observer.update(c["obs"], Sense(k=k, t=t, params=params, state=before, command=c["u"],
+                                                               wind=wind_t, wrench=wrench_t))
+            code = jnp.asarray(code, jnp.int32)
+        command, cs1 = policy(c["cs"], seen, t, u_k)
         command = jnp.asarray(command, dtype)
         x1 = physics.advance(x_in, command, wind_t, wrench_t)
         after = physics.view(x1)
         info = Tick(k=k, t=t, params=params, before=before, command=command, after=after, ctrl_state=cs1,
-                    wind=wind_t, wrench=wrench_t, flying=c["flying"], h=physics.h)
-        code = jnp.zeros((), jnp.int32)
+                    wind=wind_t, wrench=wrench_t, flying=c["flying"], h=physics.h,
+                    estimate=None if observer is None else seen)
         new_hooks, outputs = [], []
         for hook, hc in zip(hooks, c["hooks"]):
             hc, hook_code, out = hook.update(hc, info)
@@ -660,20 +735,24 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
             x=_where(flying, x1, c["x"]), cs=_where(flying, cs1, c["cs"]), flying=flying,
             u=jnp.where(c["flying"], command, c["u"]),  # a stopped vehicle's command is frozen too
             status=jnp.where(stop, code, c["status"]), status_tick=jnp.where(stop, k, c["status_tick"]),
-            hooks=tuple(new_hooks),
+            hooks=tuple(new_hooks), obs=None if observer is None else _where(flying, obs1, c["obs"]),
         )
         y = {"outputs": tuple(outputs)}
         if "state" in config.save:
             y["state"] = physics.view(c1["x"])
         if "command" in config.save:
             y["command"] = c1["u"]
+        if "estimate" in config.save and observer is not None:
+            y["estimate"] = observer.record(seen, c1["obs"])
         return c1, y
 
     c, out = _drive(tick, carry0, xs, num_ticks, config)
     saved = out or {}
     results = tuple(h.result(hc) for h, hc in zip(hooks, c["hooks"]))
     return Trajectory(
-        final=physics.view(c["x"]), states=saved.get("state"), commands=saved.get("command"), ctrl_state=c["cs"],
+        final=physics.view(c["x"]), states=saved.get("state"), commands=saved.get("command"),
+        estimates=saved.get("estimate"), ctrl_state=c["cs"],
+        observer=None if observer is None else observer.result(c["obs"]),
         status=c["status"], status_tick=c["status_tick"],
         report=results[0] if config.check != "off" else None,
         hooks=results,

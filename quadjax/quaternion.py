@@ -140,3 +140,26 @@ def quat_from_matrix(R):
     )
     q = jnp.take_along_axis(qs, k[..., None, None], axis=-2)[..., 0, :]
     return jnp.where(q[..., :1] < 0, -q, q)
+
+
+def quat_from_rotation_vector(delta):
+    """Unit quaternion of the rotation vector ``delta`` (3,) [rad] (the exponential map): (cos(θ/2), sin(θ/2)·δ/θ),
+    θ = ‖δ‖; exact, with a finite gradient, at δ = 0 (where it is (1, δ/2))."""
+    theta2 = jnp.sum(delta * delta)
+    nonzero = theta2 > 0
+    theta = jnp.sqrt(jnp.where(nonzero, theta2, 1.0))  # the double-where keeps grad finite at 0
+    half_sinc = jnp.where(nonzero, jnp.sin(0.5 * theta) / theta, 0.5)  # sin(θ/2)/θ
+    return jnp.concatenate([jnp.where(nonzero, jnp.cos(0.5 * theta), 1.0)[None], half_sinc * delta])
+
+
+def quat_to_rotation_vector(q):
+    """The rotation vector (3,) [rad] of a unit quaternion (the logarithmic map, inverse of
+    :func:`quat_from_rotation_vector`): θ·u for the rotation by θ ∈ [0, π] about u; the sign
+    of q is ignored. Finite gradient at the identity."""
+    q = jnp.where(q[0] < 0, -q, q)
+    v = q[1:]
+    s2 = jnp.sum(v * v)
+    nonzero = s2 > 0
+    s = jnp.sqrt(jnp.where(nonzero, s2, 1.0))  # the double-where keeps grad finite at 0
+    scale = jnp.where(nonzero, 2.0 * jnp.arctan2(s, q[0]) / s, 2.0 / q[0])
+    return scale * v

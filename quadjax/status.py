@@ -17,18 +17,20 @@ vehicle stops it (the engine freezes it at its state before that tick).
     10    coarse_step        —               the engine, at t = 0 (the step makes the stepper unstable on
                                              the params' own rates), or the monitor (a step too long for the
                                              dynamics: rate × step > 0.5, :mod:`quadjax.resolution`)
+    11    estimator          —               an observer (:mod:`quadjax.estimation`): its estimator diverged
+                                             (a non-finite estimate or covariance, or NEES beyond its limit)
 
 Codes 1–5 are :data:`quadjax.invariants.INVARIANT_IDS` (``state_violation`` returns them).
 """
 
 from quadjax.invariants import INVARIANT_IDS
 
-STATUS_IDS = INVARIANT_IDS + ("params_invalid", "ground", "tilt", "lost", "coarse_step")
+STATUS_IDS = INVARIANT_IDS + ("params_invalid", "ground", "tilt", "lost", "coarse_step", "estimator")
 OK = 0
-PARAMS_INVALID, GROUND, TILT, LOST, COARSE_STEP = (
-    STATUS_IDS.index(n) for n in ("params_invalid", "ground", "tilt", "lost", "coarse_step"))
+PARAMS_INVALID, GROUND, TILT, LOST, COARSE_STEP, ESTIMATOR = (
+    STATUS_IDS.index(n) for n in ("params_invalid", "ground", "tilt", "lost", "coarse_step", "estimator"))
 #: the seed's invariant number of each code ("" for codes that are not invariants)
-INVARIANT_NUMBERS = ("", "I4", "I2", "I3", "I3", "I5", "I1", "", "", "", "")
+INVARIANT_NUMBERS = ("", "I4", "I2", "I3", "I3", "I5", "I1", "", "", "", "", "")
 #: codes the monitor reports: invariant violations (I1 parameters, I2–I5 state) and a step
 #: that does not resolve the dynamics (the result would be finite but wrong)
 VIOLATION_CODES = tuple(range(1, len(INVARIANT_IDS))) + (PARAMS_INVALID, COARSE_STEP)

@@ -98,7 +98,8 @@ def _describe(config) -> str:
         + ("; inertia ∝ mass" if r.inertia_with_mass else "")
         + ("; thrust/weight kept" if r.keep_thrust_to_weight else ""),
         "gusts: " + (f"Ornstein–Uhlenbeck σ {g['sigma']} m/s, τ {g['tau']} s" if g else "off")
-        + ("; sensor noise on" if config.sensor_noise else ""),
+        + ("; sensor noise on" if config.sensor_noise else "")
+        + (f"; flying on an EKF ({config.estimator['fix']}, IMU, baro, mag)" if config.estimator else ""),
     ]
     return "\n".join(lines)
 

@@ -63,6 +63,14 @@ DEFAULTS = {
     "gusts": {"enabled": True, "sigma": [1.0, 1.0, 0.5], "tau": [2.0, 2.0, 1.0], "update_every": 5},
     "sensor_noise": {"enabled": False, "position": [0.01, 0.01, 0.01], "velocity": [0.02, 0.02, 0.02],
                      "attitude": [0.005, 0.005, 0.005], "body_rates": [0.01, 0.01, 0.01]},
+    # sensors → error-state EKF → controller (quadjax.sensors, quadjax.estimation); typical
+    # MEMS (BMI088-class) IMU figures; rates in Hz (0: every control tick; each a whole number of
+    # ticks), latency in s
+    "estimator": {"enabled": False, "imu_rate": 0.0, "accel_noise": 1.7e-3, "gyro_noise": 2.4e-4,
+                  "accel_bias_instability": 4e-4, "gyro_bias_instability": 1e-5, "bias_correlation_time": 100.0,
+                  "fix": "mocap", "fix_rate": 0.0, "fix_latency": 0.0, "fix_position_noise": 0.005,
+                  "fix_velocity_noise": 0.05, "fix_dropout": 0.0, "baro_rate": 25.0, "baro_noise": 0.1,
+                  "mag_rate": 25.0, "mag_noise": 5e-7, "initial_sigma": [0.02, 0.05, 0.02, 0.05, 0.005]},
     "crash": {"max_error": 5.0, "max_tilt_deg": 90.0, "ground": True, "ground_clearance": 0.3},
     "stats": {"error_min": 1e-5, "bins_per_decade": 128, "decades": 8},
 }
@@ -202,6 +210,7 @@ class SweepConfig:
     initial: dict
     gusts: dict | None
     sensor_noise: dict | None
+    estimator: dict | None
     crash: dict
     histogram: ErrorHistogram
     resolved: dict = dataclasses.field(compare=False, repr=False)
@@ -304,6 +313,11 @@ def from_dict(user: dict) -> SweepConfig:
     if _bool("sensor_noise.enabled", s["enabled"]):
         noise = {k: _vector(f"sensor_noise.{k}", s[k], lo=0.0, unit=u) for k, u in units.items()}
 
+    estimator = _estimator(_table("estimator", d["estimator"]), control_dt)
+    if estimator is not None and noise is not None:
+        _fail("sensor_noise.enabled", True, "the controller reads either noisy truth or the estimator: "
+              "turn one of sensor_noise and estimator off")
+
     k = _table("crash", d["crash"])
     _unknown("crash", k, DEFAULTS["crash"])
     crash = {
@@ -328,9 +342,38 @@ def from_dict(user: dict) -> SweepConfig:
         preset=preset,
         duration=duration, control_dt=control_dt, substeps=substeps, stepper=stepper, trajectory=trajectory,
         controller=controller, knows_vehicle=knows, position_every=pos_every, attitude_every=att_every,
-        random=random, initial=initial, gusts=gusts, sensor_noise=noise, crash=crash, histogram=histogram,
+        random=random, initial=initial, gusts=gusts, sensor_noise=noise, estimator=estimator, crash=crash,
+        histogram=histogram,
         resolved=d,
     )
+
+
+def _estimator(e: dict, control_dt: float) -> dict | None:
+    """The ``[estimator]`` table checked; its rates and latency against the control tick."""
+    _unknown("estimator", e, DEFAULTS["estimator"])
+    if not _bool("estimator.enabled", e["enabled"]):
+        return None
+    out = {"fix": _choice("estimator.fix", e["fix"], ("mocap", "gps"))}
+    units = {"imu_rate": "Hz", "accel_noise": "m/s²/√Hz", "gyro_noise": "rad/s/√Hz", "accel_bias_instability": "m/s²",
+             "gyro_bias_instability": "rad/s", "fix_rate": "Hz", "fix_latency": "s", "fix_position_noise": "m",
+             "fix_velocity_noise": "m/s", "baro_rate": "Hz", "baro_noise": "m", "mag_rate": "Hz", "mag_noise": "T"}
+    for key, unit in units.items():
+        out[key] = _number(f"estimator.{key}", e[key], lo=0.0, unit=unit)
+    out["bias_correlation_time"] = _number("estimator.bias_correlation_time", e["bias_correlation_time"], lo=0.0,
+                                           lo_open=True, unit="s")
+    out["fix_dropout"] = _number("estimator.fix_dropout", e["fix_dropout"], lo=0.0, hi=0.99)
+    sigma = e["initial_sigma"]
+    if not isinstance(sigma, list) or len(sigma) != 5:
+        _fail("estimator.initial_sigma", sigma, "expected 5 numbers: position [m], velocity [m/s], attitude [rad], "
+              "accel bias [m/s²], gyro bias [rad/s] standard deviations")
+    out["initial_sigma"] = [_number(f"estimator.initial_sigma[{i}]", x, lo=0.0, lo_open=True) for i, x in enumerate(sigma)]
+    from quadjax.sweep.sensing import sensor_suite  # the one place that builds the suite (its checks)
+
+    try:
+        sensor_suite(out, control_dt, "float32")
+    except ValueError as err:
+        raise ValueError(f"config: estimator: {err} (mission.control_dt = {control_dt} s)") from None
+    return out
 
 
 def _trajectory(t: dict, duration: float) -> dict:

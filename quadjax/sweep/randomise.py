@@ -27,6 +27,7 @@ from quadjax._pytree import pytree_dataclass
 from quadjax.model import hover_rotor_speed
 from quadjax.params import QuadParams, params_valid
 from quadjax.quaternion import quat_multiply
+from quadjax.quaternion import quat_from_rotation_vector as small_rotation  # the sweep names it so
 from quadjax.state import QuadState
 
 DISTRIBUTIONS = ("uniform", "normal", "lognormal")
@@ -195,16 +196,6 @@ def sample_valid_params(nominal: QuadParams, spec: RandomSpec, values, key):
     ok = params_valid(params)
     safe = jax.tree_util.tree_map(lambda x, x0: jnp.where(ok, x, x0), params, nominal)
     return safe, ok
-
-
-def small_rotation(delta):
-    """Unit quaternion of the rotation vector ``delta`` (3,) [rad]: (cos(θ/2), sin(θ/2)·δ/θ),
-    θ = ‖δ‖; exact, with a finite gradient, at δ = 0 (where it is (1, δ/2))."""
-    theta2 = jnp.sum(delta * delta)
-    nonzero = theta2 > 0
-    theta = jnp.sqrt(jnp.where(nonzero, theta2, 1.0))  # the double-where keeps grad finite at 0
-    half_sinc = jnp.where(nonzero, jnp.sin(0.5 * theta) / theta, 0.5)  # sin(θ/2)/θ
-    return jnp.concatenate([jnp.where(nonzero, jnp.cos(0.5 * theta), 1.0)[None], half_sinc * delta])
 
 
 @pytree_dataclass

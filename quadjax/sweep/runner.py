@@ -57,6 +57,7 @@ from quadjax import control as C
 from quadjax import presets
 from quadjax import status as codes
 from quadjax._pytree import pytree_dataclass
+from quadjax.estimation import summary as estimation_summary
 from quadjax.engine import Hook, Inputs, SimConfig, map_vehicles, simulate, why_not_native
 from quadjax.invariants import state_violation
 from quadjax.mixer import mixer_params_from
@@ -67,6 +68,7 @@ from quadjax.sweep.randomise import (
     InitialSpread, RandomSpec, SensorNoise, initial_state, observe, raw_draws, sample_params, sample_valid_params,
     standard_normal,
 )
+from quadjax.sweep.sensing import initial_sigma, observer, sensor_suite
 from quadjax.sweep.store import SweepStore, write_npz
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Static:
     histogram: S.ErrorHistogram
     ground_crash: bool
     knows_vehicle: bool
+    estimator: bool = False
 
 
 def make_reference(trajectory: dict, duration: float, dtype):
@@ -131,7 +134,7 @@ def prepare(config: SweepConfig):
         rates=rates, random=config.random.skeleton(), gusts=gusts is not None,
         gust_every=config.gusts["update_every"] if config.gusts else 1, noise=noise is not None,
         keep=config.keep_trajectories, histogram=config.histogram, ground_crash=config.crash["ground"],
-        knows_vehicle=config.knows_vehicle,
+        knows_vehicle=config.knows_vehicle, estimator=config.estimator is not None,
     )
     values = {
         "nominal": nominal,
@@ -146,6 +149,9 @@ def prepare(config: SweepConfig):
         "dt": a(config.control_dt),
         "key": jax.random.PRNGKey(config.seed),
     }
+    if config.estimator is not None:
+        values["sensors"] = sensor_suite(config.estimator, config.control_dt, dtype)
+        values["sigma0"] = initial_sigma(config.estimator, dtype)
     return static, values
 
 
@@ -260,7 +266,7 @@ class CrashRules(Hook):
 def _vehicle(static: Static, v: dict, index):
     """One vehicle of the sweep from its index: (drawn params, safe params, controller, state0, wind)."""
     key = jax.random.fold_in(v["key"], index)
-    k_params, k_init, k_ticks = (jax.random.fold_in(key, j) for j in range(3))
+    k_params, k_init, k_ticks, k_sense = (jax.random.fold_in(key, j) for j in range(4))
     nominal, varied = v["nominal"], static.random.varied_fields
     safe, _ = sample_valid_params(nominal, static.random, v["random"], k_params)
     drawn = sample_params(nominal, static.random, v["random"], k_params)
@@ -273,7 +279,7 @@ def _vehicle(static: Static, v: dict, index):
     z = standard_normal(raw_draws(k_init, 15, dtype))
     state = initial_state(params, ctrl.reference, v["initial"], z[:12].reshape(4, 3))
     wind = params.wind + _gust_series(static, v, z[12:], k_ticks, dtype) if static.gusts else None
-    cp = {"ctrl": ctrl, "noise": v["noise"], "key": k_ticks}
+    cp = {"ctrl": ctrl, "noise": v["noise"], "key": k_ticks, "sense_key": k_sense}
     return drawn, params, cp, state, wind
 
 
@@ -291,6 +297,7 @@ def fly_vehicle(static: Static, v: dict, index):
         drawn, state0, v["dt"], controller=functools.partial(_flight_stack, static), ctrl_params=cp,
         ctrl_state=(_law(static)[1](cp["ctrl"], state0), jnp.zeros((), jnp.int32)),
         num_ticks=static.num_ticks, inputs=Inputs(wind=wind), hooks=(rules,), config=config,
+        observe=observer(v["sensors"], v["sigma0"], params.gravity, cp["sense_key"]) if static.estimator else None,
     )
     dtype = params.mass.dtype
     stats, s = run.hooks[0], run.final
@@ -311,6 +318,9 @@ def fly_vehicle(static: Static, v: dict, index):
         "samples": stats["samples"],
         "params_ok": status != codes.PARAMS_INVALID,
     }
+    if static.estimator:  # beside the tracking error: how well the vehicle knew where it was
+        est = estimation_summary(run.observer)
+        out.update(est_rms_position=est["rms_position"], est_rms_attitude=est["rms_attitude"], est_nees=est["nees"])
     for name in static.random.varied_fields:
         out["param_" + name] = getattr(params, name)
     return out, stats["counts"], run.outputs[0]
@@ -419,7 +429,7 @@ def estimate(config: SweepConfig, nominal=None) -> dict:
     per_tick = 4 * item + 1  # a kept trajectory: position (3), error (1), alive (bool)
     kept = min(config.keep_trajectories, vehicles) * ticks * per_tick
     params = sum(int(np.size(getattr(nominal, f))) for f in config.random.varied_fields)
-    per_vehicle = vehicles * (_PER_VEHICLE_OUTPUTS + params) * 8
+    per_vehicle = vehicles * (_PER_VEHICLE_OUTPUTS + 3 * (config.estimator is not None) + params) * 8
     lanes = min(config.block_size, vehicles) * len(jax.local_devices())
     in_call = lanes * ticks * ((per_tick if config.keep_trajectories else 0) + (3 * item if config.gusts else 0))
     results = kept + per_vehicle

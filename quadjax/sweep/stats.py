@@ -159,7 +159,19 @@ def summarise(vehicles: dict, counts, histogram: ErrorHistogram, dt: float, num_
         "saturation_s": dict(zip(("p50", "p95", "p99"), _q(vehicles["saturation_time"][airborne])),
                              mean=_mean(vehicles["saturation_time"][airborne]),
                              any_rate=_mean(vehicles["saturation_time"][airborne] > 0)),
+        **({"estimation": _estimation(vehicles, ok)} if "est_nees" in vehicles else {}),
     }
+
+
+def _estimation(vehicles: dict, ok) -> dict:
+    """The estimator's figures over the vehicles that finished: RMS position [m] and attitude
+    [deg] errors of the estimate the controller flew on, and the mean NEES (15 dof when consistent)."""
+    def q(x):
+        return dict(zip(("p50", "p95", "p99"), _q(x)), max=float(x.max()) if x.size else None)
+
+    return {"rms_position_m": q(np.asarray(vehicles["est_rms_position"])[ok]),
+            "rms_attitude_deg": q(np.degrees(np.asarray(vehicles["est_rms_attitude"])[ok])),
+            "nees": {**q(np.asarray(vehicles["est_nees"])[ok]), "mean": _mean(np.asarray(vehicles["est_nees"])[ok])}}
 
 
 def _none_if_nan(x):
@@ -200,6 +212,11 @@ def format_table(summary: dict) -> str:
     lines.append(row("max tilt [deg]", summary["max_tilt_deg"], "max"))
     lines.append(row("energy used [kJ]", summary["energy_J"], "mean", 1e-3))
     lines.append(row("time saturated [s]", summary["saturation_s"], "mean"))
+    if "estimation" in summary:
+        est = summary["estimation"]
+        lines.append(row("estimate RMS position [m]", est["rms_position_m"], "max"))
+        lines.append(row("estimate RMS attitude [deg]", est["rms_attitude_deg"], "max"))
+        lines.append(row("estimator NEES (15 dof)", est["nees"], "mean"))
     lines.append("")
     lines.append(
         f"RMS/max error and energy over the {n - summary['crashed']} vehicles that finished (exact); "
