@@ -5,7 +5,8 @@ local attitude error) keeps a nominal state — position p, velocity v (world EN
 (body FLU → world), accelerometer bias b_a, gyroscope bias b_g — and the covariance P
 (15, 15) of the error δx = (δp, δv, δθ, δb_a, δb_g), q_true = q ⊗ Exp(δθ).
 
-* :func:`ekf_predict` integrates one IMU sample (ω_m, a_m) over its period h:
+* :func:`ekf_predict` integrates one IMU sample (ω_m, a_m), the means over its period h
+  (:mod:`quadjax.sensors`), so the attitude and velocity steps are those of the truth:
   p ← p + v h + ½ (R a + g) h², v ← v + (R a + g) h, q ← q ⊗ Exp(ω h), a = a_m − b_a,
   ω = ω_m − b_g; P ← Φ P Φᵀ + G Σ Gᵀ with Φ, G the exact Jacobians of that step.
 * :func:`ekf_update` fuses one measurement z = h(x) + ν, ν ~ N(0, R), in **Joseph form**
@@ -16,14 +17,17 @@ local attitude error) keeps a nominal state — position p, velocity v (world EN
 Everything is a pure function of pytrees: vmap it over vehicles, differentiate through it.
 :class:`EKFObserver` puts sensors (:mod:`quadjax.sensors`) and the filter in the engine's
 observer slot (``quadjax.simulate(..., observe=...)``): each tick it samples the sensors at
-the true state, fuses what arrived, hands the controller the estimate, then predicts through
-the tick with the IMU. Because it sees the truth it also scores itself (NEES, NIS) and stops a
-vehicle whose filter diverged (status ``estimator``), never the batch.
+the true state, predicts to now with the IMU's means since its last sample, fuses what
+arrived and hands the controller the estimate. Because it sees the truth it also scores
+itself (NEES, NIS) and stops a vehicle whose filter diverged (status ``estimator``), never the
+batch.
 
 Assumptions, said once: the IMU sits at the centre of mass (a lever arm is not compensated);
-magnetometer hard iron and barometer drift are not states (their size goes into R); a fix
-that arrives D ticks late is compared with the estimate of D ticks ago and corrects the
-present (the error state is taken as unchanged over the latency).
+the magnetometer's hard iron and the barometer's initial offset are calibrated out, its drift
+and the IMU's scale and misalignment are not modelled; an IMU slower than the tick leaves the
+estimate at its last sample in between; a fix that arrives D ticks late is compared with the
+estimate of D ticks ago and corrects the present (the error state is taken as unchanged over
+the latency).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from quadjax._pytree import pytree_dataclass
 from quadjax.engine import Observer
@@ -70,6 +75,7 @@ class EKFParams:
     """The filter's model (its tuning): IMU noise densities accel_noise (3,) [m/s²/√Hz] and
     gyro_noise (3,) [rad/s/√Hz]; bias random walks accel_bias_walk (3,) [m/s²/(s·√Hz)] and
     gyro_bias_walk (3,) [rad/s/(s·√Hz)]; gravity () [m/s²]; mag_field (3,) [T] world;
+    calibrations the readings are corrected by: mag_bias (3,) [T] hard iron, baro_offset () [m];
     measurement standard deviations mag_noise (3,) [T], baro_noise () [m], fix_position_noise
     (3,) [m], fix_velocity_noise (3,) [m/s]; nees_limit (): a NEES beyond it is divergence."""
 
@@ -79,6 +85,8 @@ class EKFParams:
     gyro_bias_walk: jax.Array
     gravity: jax.Array
     mag_field: jax.Array
+    mag_bias: jax.Array
+    baro_offset: jax.Array
     mag_noise: jax.Array
     baro_noise: jax.Array
     fix_position_noise: jax.Array
@@ -86,10 +94,14 @@ class EKFParams:
     nees_limit: jax.Array
 
     @classmethod
-    def from_sensors(cls, sensors: Sensors, gravity, nees_limit=1e3) -> "EKFParams":
-        """The filter tuned to the sensors it flies with: their noise densities; a bias walk
-        that also covers the Gauss-Markov bias (its short-term walk, √(2 σ²/T_c)); hard iron,
-        barometer drift and quantisation folded into the measurement noise (they are not states)."""
+    def from_sensors(cls, sensors: Sensors, gravity, nees_limit=1e6) -> "EKFParams":
+        """The filter tuned to the sensors it flies with: their noise densities (quantisation
+        added as step²/12); a bias walk that also covers the Gauss-Markov bias (its short-term
+        walk, √(2 σ²/T_c)); the magnetometer's hard iron and the barometer's offset at t = 0
+        calibrated out. Not modelled (not states, not in the noise): barometer drift, IMU scale
+        factor and misalignment; a filter flown on such sensors is overconfident, by design of
+        the comparison. ``nees_limit``: 10⁶ is ~250 σ for 15 dof, beyond any mis-tuning: a
+        divergence."""
         imu = sensors.imu
         dtype = imu.lever_arm.dtype
 
@@ -105,8 +117,9 @@ class EKFParams:
             accel_noise=jnp.sqrt(imu.accel.noise_density ** 2 + quant(imu.accel.resolution) * sensors.period("imu")),
             gyro_noise=jnp.sqrt(imu.gyro.noise_density ** 2 + quant(imu.gyro.resolution) * sensors.period("imu")),
             accel_bias_walk=walk(imu.accel), gyro_bias_walk=walk(imu.gyro), gravity=jnp.asarray(gravity, dtype),
-            mag_field=mag.field if mag is not None else zero3,
-            mag_noise=jnp.sqrt(mag.noise ** 2 + mag.bias ** 2) if mag is not None else zero3 + 1.0,
+            mag_field=mag.field if mag is not None else zero3, mag_bias=mag.bias if mag is not None else zero3,
+            baro_offset=baro.offset if baro is not None else jnp.zeros((), dtype),
+            mag_noise=mag.noise if mag is not None else zero3 + 1.0,
             baro_noise=jnp.sqrt(baro.noise ** 2 + quant(baro.resolution)) if baro is not None else tiny,
             fix_position_noise=fix.position_noise if fix is not None else zero3 + tiny,
             fix_velocity_noise=fix.velocity_noise if fix is not None else zero3 + tiny,
@@ -171,7 +184,9 @@ def _transition(M, Ra, R, E, h):
 
 
 def ekf_update(est: EKFState, residual, H, noise, valid=True):
-    """Fuse one measurement: ``residual`` (m,) = z − h(x̂), ``H`` (m, 15), ``noise`` (m,) the
+    """Fuse one measurement: ``residual`` (m,) = z − h(x̂), ``H`` (m, 15) — or a tuple of m
+    error-state indices (static ints), the rows of H that pick one component each (a position
+    or a height fix): then P h is a column of P and no product is formed — ``noise`` (m,) the
     standard deviations of its independent components (R = diag(noise²)). The components are
     fused one after the other (exact for a diagonal R), each in Joseph form
     P ← (I − k hᵀ) P (I − k hᵀ)ᵀ + r k kᵀ computed as two rank-one corrections (no m × m
@@ -181,14 +196,23 @@ def ekf_update(est: EKFState, residual, H, noise, valid=True):
     P = est.P
     dx = jnp.zeros(15, P.dtype)
     nis = jnp.zeros((), P.dtype)
-    for i in range(H.shape[0]):  # static: m ≤ 6
-        hi, r = H[i], noise[i] ** 2
-        innovation = residual[i] - hi @ dx  # against the state already corrected by components < i
-        Ph = P @ hi
-        s = hi @ Ph + r
+    picks = isinstance(H, tuple)
+    for i in range(len(H) if picks else H.shape[0]):  # static: m ≤ 6
+        r = noise[i] ** 2
+        if picks:
+            j = H[i]
+            innovation = residual[i] - dx[j]  # against the state already corrected by components < i
+            Ph = P[:, j]
+            s = Ph[j] + r
+        else:
+            hi = H[i]
+            innovation = residual[i] - hi @ dx
+            Ph = P @ hi
+            s = hi @ Ph + r
         k = Ph / s
         A = P - jnp.outer(k, Ph)  # (I − k hᵀ) P
-        P = A - jnp.outer(A @ hi, k) + r * jnp.outer(k, k)  # · (I − h kᵀ) + r k kᵀ
+        Ah = A[:, j] if picks else A @ hi
+        P = A - jnp.outer(Ah, k) + r * jnp.outer(k, k)  # · (I − h kᵀ) + r k kᵀ
         dx = dx + k * innovation
         nis = nis + innovation * innovation / s
     P1 = _symmetric(P)
@@ -197,42 +221,37 @@ def ekf_update(est: EKFState, residual, H, noise, valid=True):
                        attitude=quat_normalize(quat_multiply(nav.attitude, quat_from_rotation_vector(dx[TH]))),
                        accel_bias=nav.accel_bias + dx[BA], gyro_bias=nav.gyro_bias + dx[BG])
     # reset: the error is now about the corrected attitude, δθ⁺ = (I − [½ δθ]×) δθ
-    Gr = jnp.eye(15, dtype=P.dtype).at[TH, TH].add(-skew(0.5 * dx[TH]))
-    P1 = _symmetric(Gr @ P1 @ Gr.T)
+    B = jnp.eye(3, dtype=P.dtype) - skew(0.5 * dx[TH])  # G = I but for this block: G P Gᵀ by its rows and columns
+    P1 = P1.at[TH].set(B @ P1[TH])
+    P1 = _symmetric(P1.at[:, TH].set(P1[:, TH] @ B.T))
     out = est.replace(nav=nav1, P=P1)
     out = jax.tree_util.tree_map(lambda new, old: jnp.where(valid, new, old), out, est)
     return out, jnp.where(valid, nis, 0.0)
-
-
-def _selector(block, rows=None):
-    """H (m, 15) picking rows of the error block ``block``."""
-    H = jnp.zeros((3, 15)).at[:, block].set(jnp.eye(3))
-    return H if rows is None else H[jnp.asarray(rows)]
 
 
 def fix_update(fp: EKFParams, est: EKFState, position, velocity, predicted, valid=True):
     """A position fix ``position`` (3,) m world, with ``velocity`` (3,) m/s (GPS) or None
     (mocap), against ``predicted`` (6,): the estimated (position, velocity) when it was taken."""
     if velocity is None:
-        H = _selector(P_).astype(est.P.dtype)
+        H = (0, 1, 2)  # δp
         return ekf_update(est, position - predicted[:3], H, fp.fix_position_noise, valid)
-    H = jnp.concatenate([_selector(P_), _selector(V_)]).astype(est.P.dtype)
+    H = (0, 1, 2, 3, 4, 5)  # δp, δv
     noise = jnp.concatenate([fp.fix_position_noise, fp.fix_velocity_noise])
     return ekf_update(est, jnp.concatenate([position, velocity]) - predicted, H, noise, valid)
 
 
 def baro_update(fp: EKFParams, est: EKFState, z, valid=True):
-    """A barometric altitude ``z`` () m (world up)."""
-    H = _selector(P_, [2]).astype(est.P.dtype)
-    r = jnp.reshape(z - est.nav.position[2], (1,))
+    """A barometric altitude ``z`` () m (world up), less its calibrated offset."""
+    H = (2,)  # δp_z
+    r = jnp.reshape(z - fp.baro_offset - est.nav.position[2], (1,))
     return ekf_update(est, r, H, jnp.reshape(fp.baro_noise, (1,)), valid)
 
 
 def mag_update(fp: EKFParams, est: EKFState, z, valid=True):
-    """A magnetometer reading ``z`` (3,) T body: h = R̂ᵀ m, ∂h/∂δθ = [R̂ᵀ m]×."""
+    """A magnetometer reading ``z`` (3,) T body, less its hard iron: h = R̂ᵀ m, ∂h/∂δθ = [R̂ᵀ m]×."""
     m_b = quat_rotate_inverse(est.nav.attitude, fp.mag_field)
     H = jnp.zeros((3, 15), est.P.dtype).at[:, TH].set(skew(m_b))
-    return ekf_update(est, z - m_b, H, fp.mag_noise, valid)
+    return ekf_update(est, z - fp.mag_bias - m_b, H, fp.mag_noise, valid)
 
 
 def error_state(nav: NavState, position, velocity, attitude, accel_bias, gyro_bias):
@@ -285,16 +304,19 @@ class EKFObserver(Observer):
         offset0 = field_array(0.0 if offset0 is None else offset0, (15,), dtype)
         if not isinstance(sigma0, jax.core.Tracer) and not bool(jnp.all(sigma0 > 0) & jnp.all(jnp.isfinite(sigma0))):
             raise ValueError(f"EKFObserver.sigma0 = {sigma0.tolist()}: expected finite standard deviations > 0")
-        return cls(sensors=sensors, filter=filter if filter is not None else EKFParams.from_sensors(sensors, gravity),
+        filter = filter if filter is not None else EKFParams.from_sensors(sensors, gravity)
+        _check_fused_noise(sensors, filter)
+        return cls(sensors=sensors, filter=filter,
                    key=key, sigma0=sigma0, offset0=offset0, draw_initial=draw_initial)
 
     def init(self, params, state0, dt):
-        if not isinstance(dt, jax.core.Tracer) and abs(float(dt) - self.sensors.dt) > 1e-9 * self.sensors.dt:
+        _check_fused_noise(self.sensors, self.filter)
+        if not isinstance(dt, jax.core.Tracer) and abs(float(dt) - self.sensors.dt) > 1e-6 * self.sensors.dt:
             raise ValueError(f"EKFObserver: the sensors were built for a tick of {self.sensors.dt:g} s, "
                              f"the run's is {float(dt):g} s")
         dtype = state0.position.dtype
         k_sens, k_init = jax.random.split(self.key)
-        sstate = sensors_init(self.sensors, k_sens, dtype)
+        sstate = sensors_init(self.sensors, k_sens, state0)
         err = self.offset0
         if self.draw_initial:
             err = err + self.sigma0 * jax.random.normal(k_init, (15,), dtype)
@@ -318,6 +340,10 @@ class EKFObserver(Observer):
         readings, sstate = sense(sensors, carry["sensors"], params, truth, at.command, k, key, at.wrench)
         est = carry["ekf"]
         dtype = truth.position.dtype
+        # propagate to t with the IMU's means since its last sample (none at t = 0)
+        h = jnp.asarray(sensors.period("imu"), dtype)
+        est = jax.lax.cond(readings.imu_fresh & (k > 0), lambda e: ekf_predict(fp, e, readings.gyro, readings.accel, h),
+                           lambda e: e, est)
         nis, n_nis = jnp.zeros(3, dtype), jnp.zeros(3, dtype)
 
         def fuse(est, due, update, valid):
@@ -351,13 +377,9 @@ class EKFObserver(Observer):
         gyro = jnp.where(readings.imu_fresh, readings.gyro, carry["gyro"])
         seen = truth.replace(position=est.nav.position, velocity=est.nav.velocity, attitude=est.nav.attitude,
                              body_rates=gyro - est.nav.gyro_bias)
-        # predict through the tick with this tick's IMU sample; keep this tick's estimate for late fixes
-        if sensors.fix_delay:
+        if sensors.fix_delay:  # keep this tick's estimate for the fix that arrives D ticks late
             row = jnp.concatenate([est.nav.position, est.nav.velocity])
             est = est.replace(history=est.history.at[k % sensors.fix_delay].set(row))
-        h = jnp.asarray(sensors.period("imu"), dtype)
-        est = jax.lax.cond(readings.imu_fresh, lambda e: ekf_predict(fp, e, readings.gyro, readings.accel, h),
-                           lambda e: e, est)
         s = carry["sums"]
         d2 = lambda v: jnp.sum(v * v)  # noqa: E731
         sums = {"nees": s["nees"] + score, "nees_n": s["nees_n"] + 1.0, "nis": s["nis"] + nis,
@@ -374,6 +396,20 @@ class EKFObserver(Observer):
 
     def result(self, carry):
         return {"ekf": carry["ekf"], "sums": carry["sums"]}
+
+
+def _check_fused_noise(sensors: Sensors, fp: EKFParams):
+    """Every measurement the filter fuses needs a noise > 0 in its model: a perfect one would make
+    P singular (and the NEES undefined). Concrete values only; traced ones are judged per vehicle."""
+    fused = {"fix_position_noise": sensors.fix is not None,
+             "fix_velocity_noise": sensors.fix is not None and sensors.fix_velocity,
+             "baro_noise": sensors.baro is not None, "mag_noise": sensors.mag is not None,
+             "accel_noise": True, "gyro_noise": True}
+    for name, used in fused.items():
+        value = getattr(fp, name)
+        if used and not isinstance(value, jax.core.Tracer) and not np.all(np.asarray(value) > 0):
+            raise ValueError(f"EKFObserver: filter.{name} = {np.asarray(value).tolist()}: the filter fuses this "
+                             "sensor and needs its noise > 0 (a noise-free sensor: give the filter a small one)")
 
 
 def summary(result) -> dict:

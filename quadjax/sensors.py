@@ -12,6 +12,11 @@ Frames and units (GUIDE §2):
   mass, g = (0, 0, −g), α = ω̇. It reads (0, 0, +g) level at rest and 0 in free fall
   (seed 004: F_b/m is what an accelerometer at the centre of mass measures).
 * gyroscope: body rates [rad/s], body frame.
+* Both report, as MEMS IMUs after their decimation filter do, the mean over their last sample
+  period h (the delta angle and delta velocity divided by h): ω̄ = Log(q(t−h)* ⊗ q(t)) / h and
+  f̄ = R(t−h)ᵀ((v(t) − v(t−h)) / h − g) + the lever-arm terms at t; the first sample (t = 0)
+  is the instantaneous value. An estimator that integrates them then reproduces the truth's
+  attitude and velocity increments exactly, whatever the manoeuvre (:mod:`quadjax.estimation`).
 * magnetometer: the local field [T] in the body frame, Rᵀ m_world, plus a hard-iron bias.
 * barometer: altitude [m] above the world origin (ENU z), with a drifting offset.
 * position fix (GPS / mocap): position [m] and velocity [m/s] in the world frame (ENU),
@@ -43,7 +48,7 @@ from quadjax._components import join, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.model import derivative_c
 from quadjax.params import QuadParams
-from quadjax.quaternion import quat_rotate_inverse
+from quadjax.quaternion import quat_conjugate, quat_multiply, quat_rotate_inverse, quat_to_rotation_vector
 from quadjax.state import QuadState
 
 STATIC = dict(metadata=dict(static=True))
@@ -210,13 +215,14 @@ class Sensors:
     baro_every: int = dataclasses.field(default=1, **STATIC)
     fix_every: int = dataclasses.field(default=1, **STATIC)
     fix_delay: int = dataclasses.field(default=0, **STATIC)
-    fix_velocity: bool = dataclasses.field(default=True, **STATIC)
+    fix_velocity: bool = dataclasses.field(default=False, **STATIC)
 
     @classmethod
     def create(cls, dt: float, imu: Imu, *, imu_rate=None, mag=None, mag_rate=None, baro=None, baro_rate=None,
-               fix=None, fix_rate=None, fix_latency=0.0, fix_velocity=True) -> "Sensors":
+               fix=None, fix_rate=None, fix_latency=0.0, fix_velocity=False) -> "Sensors":
         """``dt``: the engine's tick [s]; each rate [Hz] (None: every tick) must make a sample
-        period that is a whole number of ticks, and ``fix_latency`` [s] a whole number of ticks."""
+        period that is a whole number of ticks, and ``fix_latency`` [s] a whole number of ticks.
+        ``fix_velocity``: the fix reports velocity too (a GPS; False: position only, mocap)."""
         dt = float(dt)
         if not (dt > 0 and math.isfinite(dt)):
             raise ValueError(f"Sensors.create: dt = {dt}: expected a finite tick > 0 [s]")
@@ -307,14 +313,35 @@ def specific_force(params: QuadParams, state: QuadState, command, lever_arm, wre
     f = Rᵀ(a − g) + α × r + ω × (ω × r). a and α come from the model (:func:`quadjax.derivative`
     with ``command`` (R,), the command being flown, and the body ``wrench`` (6,) if any). On the
     ground the contact holds the vehicle still: a = 0 there (the steppers' constraint)."""
+    a, alpha, g = _accelerations(params, state, command, wrench)
+    return quat_rotate_inverse(state.attitude, a - g) + _lever_arm_term(alpha, state.body_rates, lever_arm)
+
+
+def _accelerations(params, state, command, wrench):
+    """(a (3,) world [m/s²], α (3,) body [rad/s²], g (3,) world): from the model; a = 0 on the ground."""
     external = None if wrench is None else (tuple(split(wrench[:3])), tuple(split(wrench[3:])))
     rates = derivative_c(split_params(params), split_state(state), split(command), external)
     a = jnp.where(state.on_ground > 0.5, 0.0, join(rates.velocity))
-    alpha = join(rates.body_rates)
     g = jnp.stack([jnp.zeros_like(params.gravity), jnp.zeros_like(params.gravity), -params.gravity])
-    w = state.body_rates
-    return (quat_rotate_inverse(state.attitude, a - g) + jnp.cross(alpha, lever_arm)
-            + jnp.cross(w, jnp.cross(w, lever_arm)))
+    return a, join(rates.body_rates), g
+
+
+def _lever_arm_term(alpha, w, r):
+    """α × r + ω × (ω × r) [m/s²]: what a point at r (body) accelerates by beside the centre of mass."""
+    return jnp.cross(alpha, r) + jnp.cross(w, jnp.cross(w, r))
+
+
+def mean_imu_signals(params: QuadParams, state: QuadState, command, lever_arm, sstate: SensorState, h, wrench=None):
+    """(f̄, ω̄): the true specific force [m/s²] and body rates [rad/s] an IMU sampling every ``h``
+    [s] reports at ``state``: their means since its last sample (attitude and velocity in
+    ``sstate``), ω̄ = Log(q₀* ⊗ q) / h, f̄ = R(q₀)ᵀ(Δv / h − g) + α × r + ω × (ω × r); the
+    instantaneous values before the first sample."""
+    a, alpha, g = _accelerations(params, state, command, wrench)
+    lever = _lever_arm_term(alpha, state.body_rates, lever_arm)
+    now = quat_rotate_inverse(state.attitude, a - g) + lever
+    mean_f = quat_rotate_inverse(sstate.imu_attitude, (state.velocity - sstate.imu_velocity) / h - g) + lever
+    mean_w = quat_to_rotation_vector(quat_multiply(quat_conjugate(sstate.imu_attitude), state.attitude)) / h
+    return (jnp.where(sstate.imu_started, mean_f, now), jnp.where(sstate.imu_started, mean_w, state.body_rates))
 
 
 def magnetic_field(mag: Magnetometer, state: QuadState):
@@ -328,13 +355,17 @@ def magnetic_field(mag: Magnetometer, state: QuadState):
 @pytree_dataclass
 class SensorState:
     """What the sensors remember between samples: the IMU's Gauss-Markov and random-walk biases
-    (3,) each, the barometer's offset (), and the position fixes in flight (D, 7) (position,
-    velocity, valid) for a latency of D ticks."""
+    (3,) each; the attitude (4,) and velocity (3,) at its last sample (its means run from
+    there) and whether it has sampled; the barometer's offset (); the position fixes in flight
+    (D, 7) (position, velocity, valid) for a latency of D ticks."""
 
     accel_gm: jax.Array
     accel_rw: jax.Array
     gyro_gm: jax.Array
     gyro_rw: jax.Array
+    imu_attitude: jax.Array
+    imu_velocity: jax.Array
+    imu_started: jax.Array
     baro_offset: jax.Array
     fix_queue: jax.Array
 
@@ -358,10 +389,11 @@ class Readings:
     fix_fresh: jax.Array | None = None
 
 
-def sensors_init(sensors: Sensors, key, dtype) -> SensorState:
-    """The sensors at t = 0: Gauss-Markov biases drawn from their stationary distribution,
-    random walks at 0, the barometer at its offset, no fix in flight."""
+def sensors_init(sensors: Sensors, key, state0: QuadState) -> SensorState:
+    """The sensors on a vehicle at ``state0`` (t = 0): Gauss-Markov biases drawn from their
+    stationary distribution, random walks at 0, the barometer at its offset, no fix in flight."""
     ka, kg = jax.random.split(key)
+    dtype = state0.position.dtype
     imu = sensors.imu
 
     def stationary(axes, k):
@@ -370,20 +402,25 @@ def sensors_init(sensors: Sensors, key, dtype) -> SensorState:
     zero3 = jnp.zeros(3, dtype)
     offset = sensors.baro.offset if sensors.baro is not None else jnp.zeros((), dtype)
     return SensorState(accel_gm=stationary(imu.accel, ka), accel_rw=zero3, gyro_gm=stationary(imu.gyro, kg),
-                       gyro_rw=zero3, baro_offset=jnp.asarray(offset, dtype),
+                       gyro_rw=zero3, imu_attitude=state0.attitude, imu_velocity=state0.velocity,
+                       imu_started=jnp.zeros((), bool), baro_offset=jnp.asarray(offset, dtype),
                        fix_queue=jnp.zeros((sensors.fix_delay, 7), dtype))
 
 
 def imu_axes_sample(axes: ImuAxes, x, gm, rw, dt, key):
     """One sample of a triad reading true ``x`` (3,), its biases ``gm``, ``rw`` advanced by the
     sample period ``dt`` [s] → (reading (3,), gm, rw). The error model is the module's."""
-    kw, kg, kr = jax.random.split(key, 3)
-    dtype = x.dtype
+    return _triad(axes, x, gm, rw, dt, jax.random.normal(key, (9,), x.dtype))
+
+
+def _triad(axes: ImuAxes, x, gm, rw, dt, z):
+    """:func:`imu_axes_sample` on given standard-normal draws ``z`` (9,): white, Gauss-Markov, walk."""
     phi = jnp.exp(-dt / axes.correlation_time)
-    gm = phi * gm + gm_sigma(axes.bias_instability) * jnp.sqrt(1 - phi * phi) * jax.random.normal(kg, (3,), dtype)
-    rw = rw + axes.random_walk * jnp.sqrt(dt) * jax.random.normal(kr, (3,), dtype)
-    white = axes.noise_density / jnp.sqrt(dt) * jax.random.normal(kw, (3,), dtype)
-    y = x + axes.scale * x + axes.misalignment @ x + axes.bias + gm + rw + white
+    gm = phi * gm + gm_sigma(axes.bias_instability) * jnp.sqrt(1 - phi * phi) * z[3:6]
+    rw = rw + axes.random_walk * jnp.sqrt(dt) * z[6:9]
+    white = axes.noise_density / jnp.sqrt(dt) * z[0:3]
+    cross = axes.misalignment @ x
+    y = x + axes.scale * x + cross + axes.bias + gm + rw + white
     return saturate(quantise(y, axes.resolution), axes.range), gm, rw
 
 
@@ -401,48 +438,52 @@ def saturate(y, limit):
     return jnp.clip(y, -limit, limit)
 
 
+#: standard normals one tick of :func:`sense` draws: accel 9, gyro 9, mag 3, baro 2, fix 6, dropout 1
+DRAWS = 30
+
+
 def sense(sensors: Sensors, sstate: SensorState, params: QuadParams, state: QuadState, command, k, key,
           wrench=None):
     """The readings at tick ``k`` (the time of ``state``) and the sensors' new state.
 
     ``command`` (R,): the command being flown (the model's rotor speeds lag it; with τ = 0 it sets
     the thrust, hence the specific force); ``wrench`` (6,) a body-frame external wrench. The
-    tick's key ``key`` feeds every draw. A sensor samples at ticks k ≡ 0 mod its ``*_every``.
+    tick's key ``key`` feeds every draw: one call for all of them (:data:`DRAWS` standard normals; the
+    dropout's uniform is Φ of one of them), since the PRNG, not the arithmetic, is what costs.
+    A sensor samples at ticks k ≡ 0 mod its ``*_every``.
     """
     dtype = state.position.dtype
-    k_imu, k_mag, k_baro, k_fix = jax.random.split(key, 4)
+    z = jax.random.normal(key, (DRAWS,), dtype)
     imu = sensors.imu
-    f = specific_force(params, state, command, imu.lever_arm, wrench)
-    w = state.body_rates  # no lever-arm term: a rigid body turns as one
     h = jnp.asarray(sensors.period("imu"), dtype)
-    ka, kg = jax.random.split(k_imu)
-    accel, agm, arw = imu_axes_sample(imu.accel, f, sstate.accel_gm, sstate.accel_rw, h, ka)
-    gyro, ggm, grw = imu_axes_sample(imu.gyro, w, sstate.gyro_gm, sstate.gyro_rw, h, kg)
+    f, w = mean_imu_signals(params, state, command, imu.lever_arm, sstate, h, wrench)
+    accel, agm, arw = _triad(imu.accel, f, sstate.accel_gm, sstate.accel_rw, h, z[0:9])
+    gyro, ggm, grw = _triad(imu.gyro, w, sstate.gyro_gm, sstate.gyro_rw, h, z[9:18])
     fresh = k % sensors.imu_every == 0
     new = sstate.replace(accel_gm=jnp.where(fresh, agm, sstate.accel_gm), accel_rw=jnp.where(fresh, arw, sstate.accel_rw),
-                         gyro_gm=jnp.where(fresh, ggm, sstate.gyro_gm), gyro_rw=jnp.where(fresh, grw, sstate.gyro_rw))
+                         gyro_gm=jnp.where(fresh, ggm, sstate.gyro_gm), gyro_rw=jnp.where(fresh, grw, sstate.gyro_rw),
+                         imu_attitude=jnp.where(fresh, state.attitude, sstate.imu_attitude),
+                         imu_velocity=jnp.where(fresh, state.velocity, sstate.imu_velocity),
+                         imu_started=sstate.imu_started | fresh)
     out = dict(gyro=gyro, accel=accel, imu_fresh=fresh)
     if sensors.mag is not None:
         m = sensors.mag
-        out["mag"] = magnetic_field(m, state) + m.bias + m.noise * jax.random.normal(k_mag, (3,), dtype)
+        out["mag"] = magnetic_field(m, state) + m.bias + m.noise * z[18:21]
         out["mag_fresh"] = k % sensors.mag_every == 0
     if sensors.baro is not None:
         b = sensors.baro
         hb = jnp.asarray(sensors.period("baro"), dtype)
-        kb1, kb2 = jax.random.split(k_baro)
         baro_fresh = k % sensors.baro_every == 0
-        offset = jnp.where(baro_fresh, sstate.baro_offset + b.drift * jnp.sqrt(hb) * jax.random.normal(kb1, (), dtype),
-                           sstate.baro_offset)
-        out["baro"] = quantise(state.position[2] + offset + b.noise * jax.random.normal(kb2, (), dtype), b.resolution)
+        offset = jnp.where(baro_fresh, sstate.baro_offset + b.drift * jnp.sqrt(hb) * z[21], sstate.baro_offset)
+        out["baro"] = quantise(state.position[2] + offset + b.noise * z[22], b.resolution)
         out["baro_fresh"] = baro_fresh
         new = new.replace(baro_offset=offset)
     if sensors.fix is not None:
         fx = sensors.fix
-        kp, kv, kd = jax.random.split(k_fix, 3)
-        taken = (k % sensors.fix_every == 0) & (jax.random.uniform(kd, (), dtype) >= fx.dropout)
-        row = jnp.concatenate([state.position + fx.position_noise * jax.random.normal(kp, (3,), dtype),
-                               state.velocity + fx.velocity_noise * jax.random.normal(kv, (3,), dtype),
-                               taken.astype(dtype)[None]])
+        lost = jax.scipy.special.ndtr(z[29]) < fx.dropout  # Φ(z) is uniform on (0, 1)
+        taken = (k % sensors.fix_every == 0) & ~lost
+        row = jnp.concatenate([state.position + fx.position_noise * z[23:26],
+                               state.velocity + fx.velocity_noise * z[26:29], taken.astype(dtype)[None]])
         if sensors.fix_delay:  # a ring of D ticks: the slot of tick k holds the fix taken at k − D
             slot = k % sensors.fix_delay
             row, queue = sstate.fix_queue[slot], sstate.fix_queue.at[slot].set(row)

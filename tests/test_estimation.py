@@ -58,6 +58,11 @@ def test_sequential_joseph_update_equals_the_textbook_joint_update():
     np.testing.assert_allclose(out.P, Gr @ joint @ Gr.T, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(out.P, np.asarray(out.P).T, atol=0)
     assert np.all(np.linalg.eigvalsh(np.asarray(out.P)) > 0)
+    # H given as the indices it picks: the same update, by columns of P
+    picked, nis_p = E.ekf_update(est, jnp.asarray(r[:3]), (4, 0, 9), jnp.asarray(noise[:3]))
+    dense, nis_d = E.ekf_update(est, jnp.asarray(r[:3]), jnp.eye(15)[jnp.array([4, 0, 9])], jnp.asarray(noise[:3]))
+    np.testing.assert_allclose(picked.P, dense.P, rtol=1e-12, atol=1e-14)
+    assert float(nis_p) == pytest.approx(float(nis_d), rel=1e-12)
     # not valid: nothing changes
     same, zero = E.ekf_update(est, jnp.asarray(r), jnp.asarray(H), jnp.asarray(noise), valid=False)
     assert float(zero) == 0.0 and np.array_equal(same.P, est.P)
@@ -145,6 +150,17 @@ def test_gradients_through_sensors_and_filter_are_finite_and_match_finite_differ
         hi = f(*[eps if j == i else 0.0 for j in range(2)])[0]
         lo = f(*[-eps if j == i else 0.0 for j in range(2)])[0]
         assert float(gi) == pytest.approx(float(hi - lo) / (2 * eps), rel=1e-4)
+
+
+def test_a_sensor_the_filter_fuses_needs_a_noise_above_zero():
+    imu = S.Imu.create(accel=S.ImuAxes.create(noise_density=2e-3), gyro=S.ImuAxes.create(noise_density=1e-4))
+    gps = S.Sensors.create(DT, imu, fix=S.PositionFix.create(position_noise=0.5), fix_velocity=True)  # velocity σ 0
+    with pytest.raises(ValueError, match="fix_velocity_noise"):
+        E.EKFObserver.create(gps, jax.random.PRNGKey(0), SIGMA0)
+    with pytest.raises(ValueError, match="accel_noise"):  # a perfect IMU leaves the filter no process noise
+        E.EKFObserver.create(S.Sensors.create(DT, S.Imu.create()), jax.random.PRNGKey(0), SIGMA0)
+    with pytest.raises(ValueError, match="sigma0"):
+        E.EKFObserver.create(suite(), jax.random.PRNGKey(0), SIGMA0.at[3].set(0.0))
 
 
 def test_a_diverging_filter_stops_its_vehicle_only():

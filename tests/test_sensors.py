@@ -53,7 +53,7 @@ def test_noise_free_gyro_and_accel_equal_the_truth_and_errors_enter_as_configure
     s = qj.hover_state(P).replace(body_rates=jnp.array([0.3, -0.2, 0.5]))
     u = qj.hover_rotor_speed(P)
     suite = _ideal()
-    st = S.sensors_init(suite, jax.random.PRNGKey(0), jnp.float64)
+    st = S.sensors_init(suite, jax.random.PRNGKey(0), s)
     r, _ = S.sense(suite, st, P, s, u, 0, jax.random.PRNGKey(1))
     np.testing.assert_allclose(r.gyro, s.body_rates, atol=1e-15)
     np.testing.assert_allclose(r.accel, S.specific_force(P, s, u, jnp.zeros(3)), atol=1e-12)
@@ -65,6 +65,33 @@ def test_noise_free_gyro_and_accel_equal_the_truth_and_errors_enter_as_configure
     raw = x + np.array([0.1, 0, 0]) * x + mis @ x + np.array([0.01, 0, 0])
     np.testing.assert_allclose(y, np.clip(np.round(raw / 0.004) * 0.004, -0.45, 0.45), atol=1e-12)
     assert abs(float(y[2])) == pytest.approx(0.45)
+
+
+def test_imu_means_reproduce_the_truths_attitude_and_velocity_steps():
+    """On a manoeuvring vehicle the noise-free IMU sample at tick k is the mean over the last
+    tick: q(k−1) ⊗ Exp(ω̄ h) = q(k) and v(k−1) + (R(k−1) f̄ + g) h = v(k), to rounding."""
+    dt, T = 0.005, 60
+    s0 = qj.hover_state(P, position=(0.0, 0.0, 1.0)).replace(body_rates=jnp.array([2.0, -1.0, 0.5]))
+    w = qj.hover_rotor_speed(P)
+    u = w * (1 + 0.2 * jnp.sin(jnp.arange(T)[:, None] * 0.3 + jnp.arange(4)[None, :]))
+    states = qj.simulate(P, s0, dt, commands=u).states
+    xs = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b[:-1]]), s0, states)  # the state at each tick
+    suite = _ideal(dt)
+
+    def step(st, x):
+        s, k, cmd = x
+        r, st = S.sense(suite, st, P, s, cmd, k, jax.random.PRNGKey(0))
+        return st, (r.gyro, r.accel)
+
+    cmds = jnp.concatenate([jnp.zeros((1, 4)), u[:-1]])
+    gyro, accel = jax.lax.scan(step, S.sensors_init(suite, jax.random.PRNGKey(1), s0), (xs, jnp.arange(T), cmds))[1]
+    q, v = np.asarray(xs.attitude), np.asarray(xs.velocity)
+    for k in range(1, T):
+        stepped = qj.quaternion.quat_multiply(q[k - 1], qj.quaternion.quat_from_rotation_vector(gyro[k] * dt))
+        np.testing.assert_allclose(stepped, q[k], atol=1e-12)
+        dv = qj.quaternion.quat_rotate(q[k - 1], accel[k]) - np.array([0, 0, G])
+        np.testing.assert_allclose(v[k - 1] + dv * dt, v[k], atol=1e-12)
+    assert np.ptp(np.asarray(gyro)[1:], axis=0).min() > 0.05  # it did manoeuvre
 
 
 def _allan(x, dt, taus):
@@ -117,7 +144,7 @@ def test_barometer_magnetometer_and_a_late_lossy_fix():
     q = qj.quaternion.quat_from_axis_angle(jnp.array([0.0, 0.0, 1.0]), 0.7)
 
     def run(key):
-        st = S.sensors_init(suite, key, jnp.float64)
+        st = S.sensors_init(suite, key, qj.hover_state(P))
 
         def step(st, k):
             s = qj.hover_state(P).replace(position=jnp.array([0.1, 0.2, 0.3]) * k, attitude=q)

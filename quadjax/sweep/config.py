@@ -357,8 +357,9 @@ def _estimator(e: dict, control_dt: float) -> dict | None:
     units = {"imu_rate": "Hz", "accel_noise": "m/s²/√Hz", "gyro_noise": "rad/s/√Hz", "accel_bias_instability": "m/s²",
              "gyro_bias_instability": "rad/s", "fix_rate": "Hz", "fix_latency": "s", "fix_position_noise": "m",
              "fix_velocity_noise": "m/s", "baro_rate": "Hz", "baro_noise": "m", "mag_rate": "Hz", "mag_noise": "T"}
-    for key, unit in units.items():
-        out[key] = _number(f"estimator.{key}", e[key], lo=0.0, unit=unit)
+    fused = ("accel_noise", "gyro_noise", "fix_position_noise", "fix_velocity_noise", "baro_noise", "mag_noise")
+    for key, unit in units.items():  # the filter fuses what has a noise: it must be > 0 (P stays regular)
+        out[key] = _number(f"estimator.{key}", e[key], lo=0.0, lo_open=key in fused, unit=unit)
     out["bias_correlation_time"] = _number("estimator.bias_correlation_time", e["bias_correlation_time"], lo=0.0,
                                            lo_open=True, unit="s")
     out["fix_dropout"] = _number("estimator.fix_dropout", e["fix_dropout"], lo=0.0, hi=0.99)
