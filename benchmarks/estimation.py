@@ -400,7 +400,7 @@ def load_flight(path, pd):
     stem = path.stem
     log = logs.load_nanodrone(path, window=False, filtered=False)  # raw rows: a causal filter wants raw data
     df = pd.read_parquet(path, columns=["x_mocap", "y_mocap", "z_mocap"])
-    mocap = logs._fill(df.to_numpy(np.float64))
+    mocap = logs.fill_gaps(df.to_numpy(np.float64))
     start, rows, _ = logs.NANODRONE_RUNS.get(stem, (0, len(log), 0))
     fresh = np.concatenate([[False], np.any(np.diff(mocap, axis=0) != 0, axis=1)])
     # a new mocap value after a hold of more than 3 rows: the topic stalled and burst; its time stamp is unreliable

@@ -387,10 +387,10 @@ def despike_erpm(erpm: np.ndarray) -> np.ndarray:
     for k in (-1, 0, 1):
         marked[np.clip(idx + k, 0, len(erpm) - 1)] = True
     erpm[marked] = np.nan
-    return _fill(erpm)
+    return fill_gaps(erpm)
 
 
-def _fill(x: np.ndarray) -> np.ndarray:
+def fill_gaps(x: np.ndarray) -> np.ndarray:
     """Fill NaNs backward (next valid row), then forward (previous valid row), column by column."""
     x = np.array(x, dtype=np.float64)
     flat = x.reshape(len(x), -1)
@@ -488,18 +488,18 @@ def _nanodrone_log(df, path: Path, window: bool, align_motors: bool, filtered: b
     for c in ["t"] + state_cols + [f"{m}_erpm" for m in cf]:
         if c not in df.columns:
             raise ValueError(f"{path.name}: missing column {c!r}; not a nano-drone benchmark log")
-    raw = {c: _fill(df[c].to_numpy(np.float64)) for c in state_cols}
+    raw = {c: fill_gaps(df[c].to_numpy(np.float64)) for c in state_cols}
     stale = stale_rows(*[raw[c] for c in ("x", "y", "z", "vx", "vy", "vz", "wx", "wy", "wz")])
-    erpm = despike_erpm(_fill(df[[f"{m}_erpm" for m in cf]].to_numpy(np.float64)))
+    erpm = despike_erpm(fill_gaps(df[[f"{m}_erpm" for m in cf]].to_numpy(np.float64)))
     omega = erpm_to_rad_s(erpm)
     # checked before the low-pass filter: its ringing is ours, not the log's
     check_rotor_speeds(omega, path, columns=[f"{m}_erpm" for m in cf])
     thrust_cols = [f"{m}_thrust" for m in cf]
-    cmd = _fill(df[thrust_cols].to_numpy(np.float64)) if all(c in df for c in thrust_cols) else None
+    cmd = fill_gaps(df[thrust_cols].to_numpy(np.float64)) if all(c in df for c in thrust_cols) else None
     q = quat_xyzw_to_wxyz(np.stack([raw[c] for c in ("qx", "qy", "qz", "qw")], axis=1))
     q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    acc = _fill(df[["ax", "ay", "az"]].to_numpy(np.float64)) if all(c in df for c in ("ax", "ay", "az")) else None
-    vbat = _fill(df["Vbat"].to_numpy(np.float64)) if "Vbat" in df else None
+    acc = fill_gaps(df[["ax", "ay", "az"]].to_numpy(np.float64)) if all(c in df for c in ("ax", "ay", "az")) else None
+    vbat = fill_gaps(df["Vbat"].to_numpy(np.float64)) if "Vbat" in df else None
 
     start, rows, lag = NANODRONE_RUNS.get(path.stem, (0, len(df), None))
     if align_motors:
