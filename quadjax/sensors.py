@@ -14,8 +14,8 @@ Frames and units (GUIDE §2):
 * gyroscope: body rates [rad/s], body frame.
 * Both report, as MEMS IMUs after their decimation filter do, the mean over their last sample
   period h (the delta angle and delta velocity divided by h): ω̄ = Log(q(t−h)* ⊗ q(t)) / h and
-  f̄ = R(t−h)ᵀ((v(t) − v(t−h)) / h − g) + the lever-arm terms at t; the first sample (t = 0)
-  is the instantaneous value. An estimator that integrates them then reproduces the truth's
+  f̄ = R(t−h)ᵀ((v(t) − v(t−h)) / h − g) + the lever-arm terms (with the mean angular
+  acceleration); the first sample (t = 0) is the instantaneous value. An estimator that integrates them then reproduces the truth's
   attitude and velocity increments exactly, whatever the manoeuvre (:mod:`quadjax.estimation`).
 * magnetometer: the local field [T] in the body frame, Rᵀ m_world, plus a hard-iron bias.
 * barometer: altitude [m] above the world origin (ENU z), with a drifting offset.
@@ -47,7 +47,7 @@ import numpy as np
 from quadjax._components import join, split, split_params, split_state
 from quadjax._pytree import pytree_dataclass
 from quadjax.model import derivative_c
-from quadjax.params import QuadParams
+from quadjax.params import QuadParams, float_dtype
 from quadjax.quaternion import quat_conjugate, quat_multiply, quat_rotate_inverse, quat_to_rotation_vector
 from quadjax.state import QuadState
 
@@ -267,7 +267,8 @@ def _ticks(name, seconds, dt, allow_zero, rate=None) -> int:
 
 
 def _dtype(dtype):
-    return jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype
+    """The parameters' dtype: float32 or float64 (JAX's default float when None)."""
+    return float_dtype(dtype if dtype is not None else jnp.zeros(()).dtype, "quadjax.sensors")
 
 
 def field_array(x, shape, dtype):
@@ -313,17 +314,17 @@ def specific_force(params: QuadParams, state: QuadState, command, lever_arm, wre
     f = Rᵀ(a − g) + α × r + ω × (ω × r). a and α come from the model (:func:`quadjax.derivative`
     with ``command`` (R,), the command being flown, and the body ``wrench`` (6,) if any). On the
     ground the contact holds the vehicle still: a = 0 there (the steppers' constraint)."""
-    a, alpha, g = _accelerations(params, state, command, wrench)
-    return quat_rotate_inverse(state.attitude, a - g) + _lever_arm_term(alpha, state.body_rates, lever_arm)
-
-
-def _accelerations(params, state, command, wrench):
-    """(a (3,) world [m/s²], α (3,) body [rad/s²], g (3,) world): from the model; a = 0 on the ground."""
     external = None if wrench is None else (tuple(split(wrench[:3])), tuple(split(wrench[3:])))
     rates = derivative_c(split_params(params), split_state(state), split(command), external)
     a = jnp.where(state.on_ground > 0.5, 0.0, join(rates.velocity))
-    g = jnp.stack([jnp.zeros_like(params.gravity), jnp.zeros_like(params.gravity), -params.gravity])
-    return a, join(rates.body_rates), g
+    return (quat_rotate_inverse(state.attitude, a - _gravity(params))
+            + _lever_arm_term(join(rates.body_rates), state.body_rates, lever_arm))
+
+
+def _gravity(params):
+    """g = (0, 0, −g) [m/s²], world."""
+    zero = jnp.zeros_like(params.gravity)
+    return jnp.stack([zero, zero, -params.gravity])
 
 
 def _lever_arm_term(alpha, w, r):
@@ -331,17 +332,25 @@ def _lever_arm_term(alpha, w, r):
     return jnp.cross(alpha, r) + jnp.cross(w, jnp.cross(w, r))
 
 
-def mean_imu_signals(params: QuadParams, state: QuadState, command, lever_arm, sstate: SensorState, h, wrench=None):
+def mean_imu_signals(params: QuadParams, state: QuadState, command, lever_arm, sstate: SensorState, h, k,
+                     wrench=None):
     """(f̄, ω̄): the true specific force [m/s²] and body rates [rad/s] an IMU sampling every ``h``
-    [s] reports at ``state``: their means since its last sample (attitude and velocity in
-    ``sstate``), ω̄ = Log(q₀* ⊗ q) / h, f̄ = R(q₀)ᵀ(Δv / h − g) + α × r + ω × (ω × r); the
-    instantaneous values before the first sample."""
-    a, alpha, g = _accelerations(params, state, command, wrench)
-    lever = _lever_arm_term(alpha, state.body_rates, lever_arm)
-    now = quat_rotate_inverse(state.attitude, a - g) + lever
-    mean_f = quat_rotate_inverse(sstate.imu_attitude, (state.velocity - sstate.imu_velocity) / h - g) + lever
-    mean_w = quat_to_rotation_vector(quat_multiply(quat_conjugate(sstate.imu_attitude), state.attitude)) / h
-    return (jnp.where(sstate.imu_started, mean_f, now), jnp.where(sstate.imu_started, mean_w, state.body_rates))
+    [s] reports at tick ``k``: their means since its last sample (attitude, velocity and rates
+    in ``sstate``), ω̄ = Log(q₀* ⊗ q) / h, f̄ = R(q₀)ᵀ(Δv / h − g) + ᾱ × r + ω × (ω × r) with
+    ᾱ = (ω − ω₀) / h. Its first sample (k = 0, nothing to average over) is the instantaneous
+    value, the only one that needs the model's accelerations: ``k`` is the same for every
+    vehicle, so under vmap this is a real branch and the other ticks never evaluate the model."""
+    def first(_):
+        return specific_force(params, state, command, lever_arm, wrench), state.body_rates
+
+    def mean(_):
+        alpha = (state.body_rates - sstate.imu_rates) / h
+        f = (quat_rotate_inverse(sstate.imu_attitude, (state.velocity - sstate.imu_velocity) / h - _gravity(params))
+             + _lever_arm_term(alpha, state.body_rates, lever_arm))
+        w = quat_to_rotation_vector(quat_multiply(quat_conjugate(sstate.imu_attitude), state.attitude)) / h
+        return f, w
+
+    return jax.lax.cond(k == 0, first, mean, None)
 
 
 def magnetic_field(mag: Magnetometer, state: QuadState):
@@ -355,8 +364,8 @@ def magnetic_field(mag: Magnetometer, state: QuadState):
 @pytree_dataclass
 class SensorState:
     """What the sensors remember between samples: the IMU's Gauss-Markov and random-walk biases
-    (3,) each; the attitude (4,) and velocity (3,) at its last sample (its means run from
-    there) and whether it has sampled; the barometer's offset (); the position fixes in flight
+    (3,) each; the attitude (4,), velocity (3,) and body rates (3,) at its last sample (its
+    means run from there); the barometer's offset (); the position fixes in flight
     (D, 7) (position, velocity, valid) for a latency of D ticks."""
 
     accel_gm: jax.Array
@@ -365,7 +374,7 @@ class SensorState:
     gyro_rw: jax.Array
     imu_attitude: jax.Array
     imu_velocity: jax.Array
-    imu_started: jax.Array
+    imu_rates: jax.Array
     baro_offset: jax.Array
     fix_queue: jax.Array
 
@@ -403,7 +412,7 @@ def sensors_init(sensors: Sensors, key, state0: QuadState) -> SensorState:
     offset = sensors.baro.offset if sensors.baro is not None else jnp.zeros((), dtype)
     return SensorState(accel_gm=stationary(imu.accel, ka), accel_rw=zero3, gyro_gm=stationary(imu.gyro, kg),
                        gyro_rw=zero3, imu_attitude=state0.attitude, imu_velocity=state0.velocity,
-                       imu_started=jnp.zeros((), bool), baro_offset=jnp.asarray(offset, dtype),
+                       imu_rates=state0.body_rates, baro_offset=jnp.asarray(offset, dtype),
                        fix_queue=jnp.zeros((sensors.fix_delay, 7), dtype))
 
 
@@ -456,7 +465,7 @@ def sense(sensors: Sensors, sstate: SensorState, params: QuadParams, state: Quad
     z = jax.random.normal(key, (DRAWS,), dtype)
     imu = sensors.imu
     h = jnp.asarray(sensors.period("imu"), dtype)
-    f, w = mean_imu_signals(params, state, command, imu.lever_arm, sstate, h, wrench)
+    f, w = mean_imu_signals(params, state, command, imu.lever_arm, sstate, h, k, wrench)
     accel, agm, arw = _triad(imu.accel, f, sstate.accel_gm, sstate.accel_rw, h, z[0:9])
     gyro, ggm, grw = _triad(imu.gyro, w, sstate.gyro_gm, sstate.gyro_rw, h, z[9:18])
     fresh = k % sensors.imu_every == 0
@@ -464,7 +473,7 @@ def sense(sensors: Sensors, sstate: SensorState, params: QuadParams, state: Quad
                          gyro_gm=jnp.where(fresh, ggm, sstate.gyro_gm), gyro_rw=jnp.where(fresh, grw, sstate.gyro_rw),
                          imu_attitude=jnp.where(fresh, state.attitude, sstate.imu_attitude),
                          imu_velocity=jnp.where(fresh, state.velocity, sstate.imu_velocity),
-                         imu_started=sstate.imu_started | fresh)
+                         imu_rates=jnp.where(fresh, state.body_rates, sstate.imu_rates))
     out = dict(gyro=gyro, accel=accel, imu_fresh=fresh)
     if sensors.mag is not None:
         m = sensors.mag

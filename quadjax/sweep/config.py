@@ -28,6 +28,7 @@ import tomllib
 from quadjax.presets import PRESETS
 from quadjax.sweep.randomise import DISTRIBUTIONS, MODES, RANDOMISABLE, Perturbation, RandomSpec
 from quadjax.sweep.stats import ErrorHistogram
+from quadjax.sweep.sensing import sensor_suite
 
 TRAJECTORIES = {
     "figure8": {"center": [0.0, 0.0, 2.0], "a": 2.0, "b": 1.0, "period": 10.0, "yaw": 0.0},
@@ -368,9 +369,7 @@ def _estimator(e: dict, control_dt: float) -> dict | None:
         _fail("estimator.initial_sigma", sigma, "expected 5 numbers: position [m], velocity [m/s], attitude [rad], "
               "accel bias [m/s²], gyro bias [rad/s] standard deviations")
     out["initial_sigma"] = [_number(f"estimator.initial_sigma[{i}]", x, lo=0.0, lo_open=True) for i, x in enumerate(sigma)]
-    from quadjax.sweep.sensing import sensor_suite  # the one place that builds the suite (its checks)
-
-    try:
+    try:  # the suite's own checks, on the control tick
         sensor_suite(out, control_dt, "float32")
     except ValueError as err:
         raise ValueError(f"config: estimator: {err} (mission.control_dt = {control_dt} s)") from None

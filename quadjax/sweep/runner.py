@@ -57,7 +57,7 @@ from quadjax import control as C
 from quadjax import presets
 from quadjax import status as codes
 from quadjax._pytree import pytree_dataclass
-from quadjax.estimation import summary as estimation_summary
+from quadjax.estimation import EKFObserver, summary as estimation_summary
 from quadjax.engine import Hook, Inputs, SimConfig, map_vehicles, simulate, why_not_native
 from quadjax.invariants import state_violation
 from quadjax.mixer import mixer_params_from
@@ -68,7 +68,7 @@ from quadjax.sweep.randomise import (
     InitialSpread, RandomSpec, SensorNoise, initial_state, observe, raw_draws, sample_params, sample_valid_params,
     standard_normal,
 )
-from quadjax.sweep.sensing import initial_sigma, observer, sensor_suite
+from quadjax.sweep.sensing import initial_sigma, sensor_suite
 from quadjax.sweep.store import SweepStore, write_npz
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +297,8 @@ def fly_vehicle(static: Static, v: dict, index):
         drawn, state0, v["dt"], controller=functools.partial(_flight_stack, static), ctrl_params=cp,
         ctrl_state=(_law(static)[1](cp["ctrl"], state0), jnp.zeros((), jnp.int32)),
         num_ticks=static.num_ticks, inputs=Inputs(wind=wind), hooks=(rules,), config=config,
-        observe=observer(v["sensors"], v["sigma0"], params.gravity, cp["sense_key"]) if static.estimator else None,
+        observe=EKFObserver.create(v["sensors"], cp["sense_key"], v["sigma0"], gravity=params.gravity)
+        if static.estimator else None,
     )
     dtype = params.mass.dtype
     stats, s = run.hooks[0], run.final

@@ -1,11 +1,10 @@
-"""The sweep's sensors and estimator: the ``[estimator]`` table as a :class:`quadjax.sensors.Sensors`
-suite and the :class:`quadjax.estimation.EKFObserver` each vehicle flies with."""
+"""The sweep's sensors: the ``[estimator]`` table as a :class:`quadjax.sensors.Sensors` suite (each
+vehicle flies a :class:`quadjax.estimation.EKFObserver` on it)."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from quadjax import estimation as E
 from quadjax import sensors as S
 
 
@@ -32,8 +31,3 @@ def initial_sigma(table: dict, dtype):
     """σ₀ (15,) of the filter's initial error from the table's five standard deviations."""
     return jnp.repeat(jnp.asarray(table["initial_sigma"], dtype), 3)
 
-
-def observer(sensors: S.Sensors, sigma0, gravity, key) -> E.EKFObserver:
-    """One vehicle's observer: its sensors drawn from ``key``, the filter tuned to them, its
-    initial error drawn from P₀."""
-    return E.EKFObserver.create(sensors, key, sigma0, gravity=gravity)

@@ -144,10 +144,8 @@ def summarise(vehicles: dict, counts, histogram: ErrorHistogram, dt: float, num_
         "violation_rate": violations / n if n else 0.0,
         "crash_causes": causes,
         "crash_time_s": {"median": float(np.median(crash_times)) if crashed else None},
-        "rms_error_m": dict(zip(("p50", "p95", "p99"), _q(vehicles["rms_error"][ok])),
-                            max=float(vehicles["rms_error"][ok].max()) if ok.any() else None),
-        "max_error_m": dict(zip(("p50", "p95", "p99"), _q(vehicles["max_error"][ok])),
-                            max=float(vehicles["max_error"][ok].max()) if ok.any() else None),
+        "rms_error_m": _spread(vehicles["rms_error"][ok]),
+        "max_error_m": _spread(vehicles["max_error"][ok]),
         "error_m": {
             "p50": _none_if_nan(streaming[0]), "p95": _none_if_nan(streaming[1]),
             "p99": _none_if_nan(streaming[2]), "p99.9": _none_if_nan(streaming[3]),
@@ -163,15 +161,19 @@ def summarise(vehicles: dict, counts, histogram: ErrorHistogram, dt: float, num_
     }
 
 
+def _spread(x) -> dict:
+    """p50, p95, p99 and max of the per-vehicle values ``x`` (None where there are none)."""
+    x = np.asarray(x)
+    return dict(zip(("p50", "p95", "p99"), _q(x)), max=float(x.max()) if x.size else None)
+
+
 def _estimation(vehicles: dict, ok) -> dict:
     """The estimator's figures over the vehicles that finished: RMS position [m] and attitude
     [deg] errors of the estimate the controller flew on, and the mean NEES (15 dof when consistent)."""
-    def q(x):
-        return dict(zip(("p50", "p95", "p99"), _q(x)), max=float(x.max()) if x.size else None)
-
-    return {"rms_position_m": q(np.asarray(vehicles["est_rms_position"])[ok]),
-            "rms_attitude_deg": q(np.degrees(np.asarray(vehicles["est_rms_attitude"])[ok])),
-            "nees": {**q(np.asarray(vehicles["est_nees"])[ok]), "mean": _mean(np.asarray(vehicles["est_nees"])[ok])}}
+    nees = np.asarray(vehicles["est_nees"])[ok]
+    return {"rms_position_m": _spread(np.asarray(vehicles["est_rms_position"])[ok]),
+            "rms_attitude_deg": _spread(np.degrees(np.asarray(vehicles["est_rms_attitude"])[ok])),
+            "nees": {**_spread(nees), "mean": _mean(nees)}}
 
 
 def _none_if_nan(x):
