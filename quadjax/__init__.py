@@ -10,7 +10,7 @@ Day one: the types (:class:`QuadParams`, :class:`QuadState`), the model
 (:func:`mix`), presets and hover trim, the invariants and status codes. Everything else
 lives in its module: ``quadjax.control``, ``quadjax.mixer``, ``quadjax.monitor``,
 ``quadjax.sweep``, ``quadjax.sysid`` (imports optax), ``quadjax.mpc``, ``quadjax.native``,
-``quadjax.sharding``, ``quadjax.frames``, ``quadjax.sensors`` and ``quadjax.estimation`` (IMU,
+``quadjax.sharding`` and ``quadjax.distributed`` (devices and processes), ``quadjax.frames``, ``quadjax.sensors`` and ``quadjax.estimation`` (IMU,
 magnetometer, barometer, GPS/mocap, and the error-state EKF for the engine's observer slot,
 :class:`Observer`), ``quadjax.euler16`` (seed 003's 16-state
 Euler-angle model) and ``quadjax.vehicles`` (seed 004's missile, car and helicopter): other

@@ -48,13 +48,16 @@ for backend in ("auto", "xla"):
     assert b.states.position.shape == (10, 16, 3) and b.status.shape == (10,)
     assert a.backend == b.backend == ("native" if backend == "auto" and qj.native.available() else "xla")
 
-# the size at which the old kernel deadlocked (N ~ 100, T >= 128: each device's call waited on
-# XLA's intra-op pool from inside a pool task): the kernel never waits for a helper that has not started
-p, s0, u, ps, axes = fleet(jnp.float32, 104, T=160)
-fly = open_loop(s0, qj.SimConfig(save_every=0))
-a = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes))(ps, u)
-b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
-bitwise(a, b)
+# past the size at which the old kernel deadlocked (N ~ 100, T >= 128: each device's call waited
+# on XLA's intra-op pool from inside a pool task): N = 1000 (250 per device), T = 1000, both
+# backends; the kernel never waits for a helper that has not started
+p, s0, u, ps, axes = fleet(jnp.float32, 1000, T=1000)
+for backend in ("auto", "xla"):
+    fly = open_loop(s0, qj.SimConfig(save_every=0, backend=backend))
+    a = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes))(ps, u)
+    b = jax.jit(lambda ps, u: qj.map_vehicles(fly, (ps, u), axes, mesh=mesh))(ps, u)
+    bitwise(a, b)
+    assert b.backend == a.backend and np.all(np.asarray(b.status) == 0)
 
 # float64, N = 12, 3 per device, a reduction carried in the scan: the result stays spread over the devices
 p, s0, u, ps, axes = fleet(jnp.float64, 12)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -20,6 +21,8 @@ _EPILOG = """examples:
   quadjax sweep --vehicles 100000 --chunk-size 16384 --duration 10
   quadjax sweep --preset iris --set randomise.mass.spread=0.2 --set gusts.sigma=[2,2,1]
   quadjax sweep --print-config > my.toml          # edit, then: quadjax sweep --config my.toml
+  quadjax sweep --out /shared/a --coordinator host0:12345 --num-processes 2 --process-id 0   # on host0
+  quadjax sweep --out /shared/a --coordinator host0:12345 --num-processes 2 --process-id 1   # on host1
 
 Set JAX_COMPILATION_CACHE_DIR to a folder to reuse the compilation across runs.
 """
@@ -52,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     p.add_argument("--print-config", action="store_true", help="print the resolved settings as TOML and exit")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    d = p.add_argument_group("several processes (jax.distributed; README: \"Sweeps over several processes\")")
+    d.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address; default $JAX_COORDINATOR_ADDRESS")
+    d.add_argument("--num-processes", type=int, metavar="N", help="processes in the job; default $JAX_NUM_PROCESSES")
+    d.add_argument("--process-id", type=int, metavar="I", help="this process, 0…N−1; default $JAX_PROCESS_ID")
+    d.add_argument("--distributed", action="store_true", help="join a job whose settings JAX detects "
+                   "(SLURM, Open MPI, Kubernetes), for what the three above leave unset")
+    d.add_argument("--heartbeat-timeout", type=int, metavar="S", help="stop the job when a process is silent "
+                   "this long (JAX's default 100 s)")
+    d.add_argument("--join-timeout", type=int, default=300, metavar="S", help="give up when the job is not "
+                   "complete this long after start (default 300 s)")
     return p
 
 
@@ -121,17 +134,24 @@ def _raise_stopped(signum, frame):
 def _progress(args, state: dict):
     """The progress printer; it also keeps in ``state`` what the stop message needs."""
 
+    who = _prefix(state)
+
     def progress(e):
         state.update(chunks=e["chunks"], done=e.get("chunks_done", state.get("done", 0)))
         if e["phase"] == "repair":  # shown even with --quiet: a file was removed
-            print(f"  {e['note']}", file=sys.stderr, flush=True)
+            print(f"  {who}{e['note']}", file=sys.stderr, flush=True)
         if args.quiet or e["phase"] == "repair":
             return
         if e["phase"] == "compiled":
             resumed = f", resuming with {e['vehicles_done']} done" if e["vehicles_done"] else ""
-            print(f"  compiled in {e['compile_s']:.1f} s on {e['devices']} device(s){resumed}", file=sys.stderr)
+            share = f", {e['share']} chunk(s) of {e['chunks']} to fly here" if e["processes"] > 1 else ""
+            print(f"  {who}compiled in {e['compile_s']:.1f} s on {e['devices']} device(s){resumed}{share}",
+                  file=sys.stderr, flush=True)
+        elif e["processes"] > 1:  # a process knows only its own share of the job's progress
+            print(f"  {who}chunk {e['chunk']}/{e['chunks']} ({e['flown']}/{e['share']} of this process's share), "
+                  f"{e['elapsed_s']:.1f} s", file=sys.stderr, flush=True)
         else:
-            print(f"  chunk {e['chunk']}/{e['chunks']}: {e['vehicles_done']}/{e['vehicles']} vehicles, "
+            print(f"  {who}chunk {e['chunk']}/{e['chunks']}: {e['vehicles_done']}/{e['vehicles']} vehicles, "
                   f"{e['elapsed_s']:.1f} s", file=sys.stderr, flush=True)
 
     return progress
@@ -166,6 +186,36 @@ def _error(err: BaseException) -> int:
     return 2
 
 
+def _join(args) -> tuple[int, int]:
+    """(this process, processes): join the job if one is asked for (flags, environment or
+    --distributed), else (0, 1)."""
+    from quadjax import distributed
+
+    if not (args.distributed or distributed.requested(args.coordinator, args.num_processes, args.process_id)):
+        return 0, 1
+    # said first: JAX aborts the process (no exception) when the job is not complete in time
+    print(f"quadjax sweep: joining the job (waiting up to {args.join_timeout} s for every process)",
+          file=sys.stderr, flush=True)
+    return distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                  heartbeat_timeout_s=args.heartbeat_timeout, timeout_s=args.join_timeout)
+
+
+def _stopped(args, state: dict, signum: int) -> int:
+    """The stop message and exit code. In a job of several processes this one leaves at once
+    (no shutdown handshake: the others are waiting in a collective for it and would wait for
+    the handshake's timeout too); the runtime sees it gone and stops the rest."""
+    print(_prefix(state) + _stop_message(args.out, state), file=sys.stderr, flush=True)
+    if state["processes"][1] > 1:
+        sys.stdout.flush()
+        os._exit(128 + signum)
+    return 128 + signum
+
+
+def _prefix(state: dict) -> str:
+    index, count = state.get("processes", (0, 1))
+    return f"[process {index}/{count}] " if count > 1 else ""
+
+
 def sweep_main(argv: list[str]) -> int:
     """Entry point of ``quadjax sweep``; returns the exit code (2 for an error, 128 + the
     signal number after SIGINT or SIGTERM: 130, 143)."""
@@ -179,7 +229,11 @@ def sweep_main(argv: list[str]) -> int:
 
         print(to_toml(config.resolved), end="")
         return 0
-    state: dict = {}
+    try:
+        processes = _join(args)
+    except (ValueError, RuntimeError) as err:
+        return _error(err)
+    state: dict = {"processes": processes}
     try:
         previous = signal.signal(signal.SIGTERM, _raise_stopped)
     except ValueError:  # not the main thread: leave signals alone
@@ -187,11 +241,9 @@ def sweep_main(argv: list[str]) -> int:
     try:
         return _run(args, config, state)
     except KeyboardInterrupt:
-        print(_stop_message(args.out, state), file=sys.stderr)
-        return 128 + signal.SIGINT
+        return _stopped(args, state, signal.SIGINT)
     except _Stopped as stop:
-        print(_stop_message(args.out, state), file=sys.stderr)
-        return 128 + stop.signum
+        return _stopped(args, state, stop.signum)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -202,13 +254,20 @@ def _run(args, config, state: dict) -> int:
     from quadjax.sweep.stats import format_table
 
     started = time.perf_counter()
-    print(_describe(config), flush=True)
+    index, count = state["processes"]
+    if index == 0:
+        print(_describe(config) + (f"\n{count} processes" if count > 1 else ""), flush=True)
     try:
         result = run_sweep(config, args.out, overwrite=args.overwrite, progress=_progress(args, state),
                            plots=not args.no_plots, force=args.force)
     except (ValueError, OSError) as err:
         return _error(err)
     t = result.summary["timings_s"]
+    if index > 0:  # process 0 prints the table and writes the results
+        mine = t["processes"][index]
+        print(f"{_prefix(state)}flew {mine['chunks']} chunk(s), {mine['vehicles']} vehicles, in {mine['flight_s']:.1f} s; "
+              f"process 0 wrote the results in {result.out_dir}/", flush=True)
+        return 0
     n, ticks = config.vehicles, config.num_ticks
     print()
     print(format_table(result.summary))

@@ -32,6 +32,15 @@ Each call runs one block on every local device (``jax.shard_map`` over a 1-D mes
 a chunk of ``chunk_size`` vehicles is as many calls as it needs and goes to disk as one
 file when it finishes (:mod:`quadjax.sweep.store`); a rerun resumes.
 
+In a job of several processes (:func:`quadjax.distributed.initialize` first; every process
+calls :func:`run_sweep` with the same config and folder), the processes agree on the sweep's
+identity, process 0 opens the folder and says which chunks are done, the rest are dealt round
+robin (:func:`quadjax.distributed.share`) and each process flies its share on its own devices.
+A vehicle's numbers do not depend on where it flew, so the result equals the one-process
+sweep's bit for bit; every process aggregates the same chunk files and process 0 writes the
+outputs. Each step where one process can fail ends in a collective check, so one process's
+error stops all of them with the reason instead of leaving them waiting.
+
 On the CPU the physics of each tick (RK4 with the command held) runs in quadjax's native
 kernel (the engine's ``backend="auto"``), whose results do not depend on lanes at all; the
 controller and everything else stay in XLA, so the lane rule above still matters.
@@ -41,8 +50,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
+import secrets
 import time
 import warnings
 from pathlib import Path
@@ -54,7 +65,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from quadjax import control as C
-from quadjax import presets
+from quadjax import distributed, presets
 from quadjax import status as codes
 from quadjax._pytree import pytree_dataclass
 from quadjax.estimation import EKFObserver, summary as estimation_summary
@@ -69,7 +80,7 @@ from quadjax.sweep.randomise import (
     standard_normal,
 )
 from quadjax.sweep.sensing import initial_sigma, sensor_suite
-from quadjax.sweep.store import SweepStore, write_npz
+from quadjax.sweep.store import SweepStore, identity_hash, write_npz
 
 @dataclasses.dataclass(frozen=True)
 class Static:
@@ -501,11 +512,65 @@ def run_sweep(config: SweepConfig, out_dir=None, *, overwrite: bool = False, pro
     # CPU code differs between vector-loop lanes and tails, so chunks hold whole blocks
     chunk = -(-min(config.chunk_size, config.vehicles) // block) * block
     if out_dir is None:
+        if jax.process_count() > 1:
+            raise ValueError("a sweep over several processes needs a results folder every process shares "
+                             "(out_dir, --out DIR)")
         return _fly(config, static, values, None, block, chunk, progress, plots, t_start)
     versions, reasons = sweep_identity(config, values["nominal"])
-    with SweepStore.open(out_dir, config=config.resolved, config_hash=config.hash(), vehicles=config.vehicles,
-                         chunk_size=chunk, overwrite=overwrite, versions=versions, reasons=reasons) as store:
+    distributed.agree(json.dumps({"config": config.hash(), **versions}, sort_keys=True),
+                      "the sweep (its config hash, package versions, physics backend, platform, dtype)")
+    with _open_store(out_dir, config, chunk, overwrite, versions, reasons) as store:
         return _fly(config, static, values, store, block, store.chunk_size, progress, plots, t_start)
+
+
+def _open_store(out_dir, config, chunk, overwrite, versions, reasons) -> SweepStore:
+    """Process 0 opens (or resumes) the results folder and stamps it with this run; then the
+    other processes join it. Every step that can fail on one process ends in a collective
+    check, so that all of them raise instead of waiting for the one that did."""
+    store, error = None, None
+    token = np.zeros(_RUN_BYTES, np.int32)
+    if jax.process_index() == 0:
+        try:
+            store = SweepStore.open(out_dir, config=config.resolved, config_hash=config.hash(),
+                                    vehicles=config.vehicles, chunk_size=chunk, overwrite=overwrite,
+                                    versions=versions, reasons=reasons)
+            token = np.frombuffer(secrets.token_bytes(_RUN_BYTES), np.uint8).astype(np.int32)
+            store.begin_run(_run_name(token), jax.process_count())
+        except (ValueError, OSError) as err:
+            if store is not None:
+                store.close()
+            store, error = None, err
+    header = distributed.broadcast(np.concatenate([[error is None and jax.process_index() == 0], token]).astype(np.int32))
+    if not header[0]:
+        if error is not None:
+            raise error
+        raise ValueError(f"{out_dir}: process 0 could not open the results folder (its output says why)")
+    if store is None:
+        try:
+            store = SweepStore.join(out_dir, identity=identity_hash(config.hash(), versions), run=_run_name(header[1:]))
+        except ValueError as err:
+            error = err
+    _raise_if_failed(error, "could not join the results folder")
+    return store
+
+
+#: bytes of the random name that tells this run's manifest from any copy of it
+_RUN_BYTES = 8
+
+
+def _run_name(token) -> str:
+    return bytes(np.asarray(token, np.uint8)).hex()
+
+
+def _raise_if_failed(error: BaseException | None, doing: str) -> None:
+    """Every process learns whether any failed at this point: the one that did raises its own
+    error, the others a ValueError naming it."""
+    bad = distributed.failed(error is None)
+    if error is not None:
+        raise error
+    if bad:
+        raise ValueError(f"process(es) {', '.join(map(str, bad))} {doing} (their output says why); "
+                         f"rerun the same command on every process to resume")
 
 
 def _report_damaged(store: SweepStore, report, progress) -> None:
@@ -516,30 +581,71 @@ def _report_damaged(store: SweepStore, report, progress) -> None:
         report({"phase": "repair", "chunk": i + 1, "chunks": store.num_chunks, "reason": why, "note": note})
 
 
-def _fly(config, static, values, store, block, chunk, progress, plots, t_start) -> SweepResult:
-    """Fly the chunks not yet done (all of them in memory), then aggregate and write."""
-    num_chunks = -(-config.vehicles // chunk)
-    done = set(store.completed()) if store else set()
-    report = progress or (lambda event: None)
-    if store:
+def _chunks_done(store, num_chunks: int, report, progress) -> set:
+    """The chunks already on disk: process 0 verifies the folder (removing damaged chunks) and
+    tells the others, which must not read it while it does."""
+    mask = np.zeros(num_chunks, np.int32)
+    if store is not None and store.primary:
+        mask[store.completed()] = 1
         _report_damaged(store, report, progress)
-    memory: dict = {}
+    return set(np.flatnonzero(distributed.broadcast(mask)).tolist()) if store is not None else set()
 
+
+def _fly(config, static, values, store, block, chunk, progress, plots, t_start) -> SweepResult:
+    """Fly this process's share of the chunks not yet done (all of them, in memory, when there
+    is no store), then aggregate and write."""
+    num_chunks = -(-config.vehicles // chunk)
+    count = jax.process_count()
+    report = progress or (lambda event: None)
+    done = _chunks_done(store, num_chunks, report, progress)
+    todo = distributed.share([i for i in range(num_chunks) if i not in done])
+    memory: dict = {}
     devices = jax.local_devices()
+    timings = {"compile_s": 0.0, "flight_s": 0.0}
+    error = None
+    try:
+        _fly_chunks(config, static, values, store, memory, block, chunk, todo, done, devices, timings, report, t_start)
+    except Exception as err:  # the others must hear of it rather than wait for this process
+        error = err
+    _raise_if_failed(error, "failed while flying their chunks")
+    if count > 1:
+        _gather_timings(timings, len(todo), _vehicles_in(todo, chunk, config.vehicles))
+    missing = np.zeros(1, np.int32)
+    if store is not None and store.primary:
+        missing[0] = sum(not store.chunk_path(i).exists() for i in range(num_chunks))
+    missing = int(distributed.broadcast(missing)[0])
+    if missing:
+        raise ValueError(f"{store.root}: {missing} chunk files missing after every "
+                         f"process finished: every process needs the same results folder (a shared file system)")
+    chunks = (store.read_chunk(i) if store else memory[i] for i in range(num_chunks))
+    result = _aggregate(config, chunks, timings)
+    timings["total_s"] = time.perf_counter() - t_start
+    result.summary["timings_s"] = dict(timings)
+    if store:
+        result.out_dir = store.root
+        if store.primary:
+            _write_outputs(store, result, plots, {"timings_s": timings, "devices": len(devices), "processes": count})
+    return result
+
+
+def _fly_chunks(config, static, values, store, memory, block, chunk, todo, done, devices, timings, report, t_start):
+    """Fly the chunks ``todo`` on this process's devices, one block per device per call."""
+    num_chunks = -(-config.vehicles // chunk)
     mesh = Mesh(np.asarray(devices), ("devices",))
     by_vehicle = NamedSharding(mesh, PartitionSpec("devices"))
     values = jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
-    timings = {"compile_s": 0.0, "flight_s": 0.0}
-    todo = [i for i in range(num_chunks) if i not in done]
+    base = {"chunks": num_chunks, "vehicles": config.vehicles, "process": jax.process_index(),
+            "processes": jax.process_count()}
     if todo:
         t0 = time.perf_counter()
         compiled = _compiled(static, values, *_call_inputs(0, 1, block * len(devices), by_vehicle), mesh)
         timings["compile_s"] = time.perf_counter() - t0
-        report({"phase": "compiled", "chunk": 0, "chunks": num_chunks, "chunks_done": len(done),
-                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "vehicles": config.vehicles,
+        report({**base, "phase": "compiled", "chunk": 0, "chunks_done": len(done),
+                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "share": len(todo),
                 "elapsed_s": time.perf_counter() - t_start, "compile_s": timings["compile_s"],
                 "devices": len(devices)})
-    for i in todo:
+    done = set(done)
+    for flown, i in enumerate(todo, 1):
         t0 = time.perf_counter()
         first, end = i * chunk, min((i + 1) * chunk, config.vehicles)
         per_call = block * len(devices)
@@ -552,16 +658,18 @@ def _fly(config, static, values, store, block, chunk, progress, plots, t_start) 
         else:
             memory[i] = arrays
         done.add(i)
-        report({"phase": "chunk", "chunk": i + 1, "chunks": num_chunks, "chunks_done": len(done),
-                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "vehicles": config.vehicles,
-                "elapsed_s": time.perf_counter() - t_start})
-    chunks = (store.read_chunk(i) if store else memory[i] for i in range(num_chunks))
-    result = _aggregate(config, chunks, timings)
-    timings["total_s"] = time.perf_counter() - t_start
-    result.summary["timings_s"] = dict(timings)
-    if store:
-        _write_outputs(store, result, plots, {"timings_s": timings, "devices": len(devices)})
-    return result
+        report({**base, "phase": "chunk", "chunk": i + 1, "chunks_done": len(done), "flown": flown, "share": len(todo),
+                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "elapsed_s": time.perf_counter() - t_start})
+
+
+def _gather_timings(timings: dict, chunks: int, vehicles: int) -> None:
+    """Every process's compile and flight time, chunks and vehicles: the job's flight time is
+    the slowest process's."""
+    rows = distributed.gather(np.asarray([timings["compile_s"], timings["flight_s"], chunks, vehicles], np.float64))
+    timings["processes"] = [{"process": i, "compile_s": float(r[0]), "flight_s": float(r[1]), "chunks": int(r[2]),
+                             "vehicles": int(r[3])} for i, r in enumerate(rows)]
+    timings["compile_s"] = float(rows[:, 0].max())
+    timings["flight_s"] = float(rows[:, 1].max())
 
 
 def _vehicles_in(done, chunk, vehicles) -> int:
@@ -570,7 +678,6 @@ def _vehicles_in(done, chunk, vehicles) -> int:
 
 def _write_outputs(store: SweepStore, result: SweepResult, plots: bool, extra: dict) -> None:
     """The final files; the manifest lists the plots, so that --overwrite removes only those."""
-    result.out_dir = store.root
     write_npz(store.root / "vehicles.npz", result.vehicles)
     write_npz(store.root / "trajectories.npz", result.trajectories)
     written = set(store.manifest.get("plots") or [])  # an earlier run's plots are still the sweep's

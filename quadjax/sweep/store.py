@@ -24,6 +24,13 @@ verified whole before it counts (zip CRCs, every member present, this sweep's id
 its vehicle range); a damaged or foreign chunk is removed and flown again, and the final
 aggregation reads chunks 0 … n−1, each once, so nothing is lost, mixed or counted twice.
 
+Several processes (:mod:`quadjax.distributed`) share one folder, which must then be the same
+folder for all of them (a shared file system): process 0 opens it as above, holding the lock
+and writing the manifest, with this run's ``run`` stamp; the others :meth:`SweepStore.join`
+it, checking that stamp (a copy of the folder on another disk would not have it), and only
+write the chunk files of their share. A chunk is one file whoever flew it, so resuming with
+any number of processes finds the same chunks.
+
 A folder is written into only if it is absent, empty, or holds a sweep (a manifest).
 ``overwrite`` replaces another sweep, and deletes only the files a sweep writes: the
 manifest, the chunks, :data:`OUTPUTS` and the plots the manifest lists.
@@ -166,10 +173,12 @@ class SweepStore:
     """One results folder (see the module docstring), locked while open: use it as a context
     manager, or call :meth:`close`."""
 
-    def __init__(self, root: Path, manifest: dict, lock: FolderLock | None = None):
+    def __init__(self, root: Path, manifest: dict, lock: FolderLock | None = None, primary: bool = True):
         self.root = Path(root)
         self.manifest = manifest
         self._lock = lock
+        #: whether this store owns the manifest (process 0's); the others only write chunks
+        self.primary = primary
         #: (chunk, reason) of the chunks :meth:`completed` found damaged and removed
         self.damaged: list[tuple[int, str]] = []
 
@@ -219,6 +228,26 @@ class SweepStore:
         except BaseException:
             lock.release()
             raise
+
+    @classmethod
+    def join(cls, root, *, identity: str, run: str) -> "SweepStore":
+        """The folder process 0 opened for this run (its manifest carries ``run``), to write chunks
+        into: no lock, no manifest writes. A ValueError if the folder is not that one."""
+        path = Path(root) / "manifest.json"
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            manifest = None
+        if not isinstance(manifest, dict) or manifest.get("run") != run or manifest.get("identity") != identity:
+            found = "no readable manifest" if manifest is None else f"the manifest of run {manifest.get('run')!r}"
+            raise ValueError(f"{root}: holds {found}, not the one process 0 wrote for this run ({run!r}); "
+                             f"every process needs the same results folder (a shared file system)")
+        return cls(Path(root), manifest, None, primary=False)
+
+    def begin_run(self, run: str, processes: int) -> None:
+        """Stamp the manifest with this run (process 0, before the others :meth:`join`)."""
+        self.manifest.update(run=run, processes=processes)
+        write_json(self.root / "manifest.json", self.manifest)
 
     @classmethod
     def _open_locked(cls, root, lock, config, config_hash, vehicles, chunk_size, overwrite, versions, reasons):
@@ -354,8 +383,9 @@ class SweepStore:
     def write_chunk(self, i: int, arrays: dict) -> None:
         stamped = dict(arrays, identity=np.asarray(self.identity), members=np.asarray(sorted(arrays)))
         write_npz(self.chunk_path(i), stamped)
-        self.manifest["chunks_done"] = sorted(set(self.manifest["chunks_done"]) | {i})
-        write_json(self.root / "manifest.json", self.manifest)
+        if self.primary:  # the others' chunks reach the manifest when process 0 finishes
+            self.manifest["chunks_done"] = sorted(set(self.manifest["chunks_done"]) | {i})
+            write_json(self.root / "manifest.json", self.manifest)
 
     def read_chunk(self, i: int) -> dict:
         with np.load(self.chunk_path(i)) as z:
@@ -364,5 +394,6 @@ class SweepStore:
     def finish(self, summary: dict, extra: dict | None = None) -> None:
         write_json(self.root / "summary.json", summary)
         self.manifest.update(extra or {})
+        self.manifest["chunks_done"] = list(range(self.num_chunks))
         self.manifest["complete"] = True
         write_json(self.root / "manifest.json", self.manifest)
