@@ -11,7 +11,9 @@ machine, one job at a time; run it with nothing else on the cores.
    it; compile time is reported apart). Configurations:
    (a) one process, one CPU device (the native kernel spreads each tick over both cores);
    (b) two processes, one CPU device each, sharing the two cores;
-   (c) as (b), each process pinned to its own core (`taskset`), as on two one-core hosts.
+   (c) as (b), each process pinned to its own core (`taskset`), as on two one-core hosts;
+   (d) one process, two CPU devices (`--xla_force_host_platform_device_count=2`: the sweep's
+       shard_map over local devices, no second process).
    Per configuration, best of `--repeats`: wall time from launch to the last exit, CPU time of
    all its processes (user + system, from the kernel's accounting of the children), the
    slowest process's compile and flight time (manifest timings), throughput = vehicle-ticks /
@@ -98,18 +100,23 @@ def part_sweep(args, env, work: Path):
         return [sweep_argv(out, extra + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
                                          "--process-id", str(i)], pin=i if pin else None) for i in range(processes)]
 
-    configs = [("(a) 1 process, 1 device", 1, False), ("(b) 2 processes, 1 device each", 2, False)]
+    two_devices = dict(env, XLA_FLAGS=(env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
+    # (name, processes, pinned, environment)
+    configs = [("(a) 1 process, 1 device", 1, False, env), ("(b) 2 processes, 1 device each", 2, False, env)]
     if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
-        configs.append(("(c) 2 processes, each pinned to one core", 2, True))
-    # warm the XLA cache for both process layouts (process 0's cache entries serve every later run)
-    for _, processes, pin in configs[:2]:
-        run_job(job(processes, pin, work / f"warm{processes}"), env)
+        configs.append(("(c) 2 processes, each pinned to one core", 2, True, env))
+    configs.append(("(d) 1 process, 2 devices", 1, False, two_devices))
+    # warm the XLA cache for every layout (process 0's cache entries serve every later run; (c)
+    # compiles what (b) does)
+    for name, processes, pin, environment in configs:
+        if not pin:
+            run_job(job(processes, pin, work / f"warm{name[1]}"), environment)
     rows, reference = [], None
-    for name, processes, pin in configs:
+    for name, processes, pin, environment in configs:
         best = None
         for r in range(args.repeats):
-            out = work / f"{processes}{'p' if pin else ''}_{r}"
-            wall, cpu, codes, errs = run_job(job(processes, pin, out), env)
+            out = work / f"{name[1]}_{r}"
+            wall, cpu, codes, errs = run_job(job(processes, pin, out), environment)
             if codes != [0] * processes:
                 raise SystemExit(f"{name}: exit codes {codes}\n" + "\n".join(e[-2000:] for e in errs))
             timings = json.loads((out / "manifest.json").read_text())["timings_s"]
