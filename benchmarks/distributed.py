@@ -9,17 +9,18 @@ machine, one job at a time; run it with nothing else on the cores.
 1. The sweep. `quadjax sweep` with its defaults (4 096 vehicles × 2 500 ticks, RP-1, figure-8,
    PID, gusts), float32, each run into a fresh folder with a warm XLA cache (a first run fills
    it; compile time is reported apart). Configurations:
-   (a) one process, one CPU device (the native kernel spreads each tick over both cores);
-   (b) two processes, one CPU device each, sharing the two cores;
-   (c) as (b), each process pinned to its own core (`taskset`), as on two one-core hosts;
-   (d) one process, two CPU devices (`--xla_force_host_platform_device_count=2`: the sweep's
-       shard_map over local devices, no second process).
+   (a) one process, one CPU device (`--cpu-devices 1`; the native kernel spreads the physics of
+       each tick over both cores, the rest of the tick runs on one);
+   (b) one process, one CPU device per core (`--cpu-devices 2`, each device flown from its own
+       thread; `quadjax sweep`'s default from 4e7 vehicle-ticks, where its extra compilation pays);
+   (c) two processes, one CPU device each, sharing the two cores;
+   (d) as (c), each process pinned to its own core (`taskset`), as on two one-core hosts.
    Per configuration, best of `--repeats`: wall time from launch to the last exit, CPU time of
    all its processes (user + system, from the kernel's accounting of the children), the
    slowest process's compile and flight time (manifest timings), throughput = vehicle-ticks /
    flight time, and whether vehicles.npz equals (a)'s bit for bit.
 2. Coordination. Two processes join on 127.0.0.1 and time the calls a sweep makes
-   (quadjax.distributed: initialize, agree on a 300-byte identity, broadcast a 5-int header and
+   (quadjax.distributed: initialize, agree on a 300-byte identity, broadcast a 9-int header and
    a chunk mask, gather the ok flags and the timings), 50 times each after a warm-up.
 """
 
@@ -93,30 +94,32 @@ def part_sweep(args, env, work: Path):
     extra = ["--vehicles", str(args.vehicles), "--duration", str(args.duration)]
     ticks = round(args.duration / 0.008)
 
-    def job(processes: int, pin: bool, out: Path):
+    def job(processes: int, devices: int, pin: bool, out: Path):
+        flags = extra + ["--cpu-devices", str(devices)]
         if processes == 1:
-            return [sweep_argv(out, extra)]
+            return [sweep_argv(out, flags)]
         port = free_port()
-        return [sweep_argv(out, extra + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
+        return [sweep_argv(out, flags + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
                                          "--process-id", str(i)], pin=i if pin else None) for i in range(processes)]
 
-    two_devices = dict(env, XLA_FLAGS=(env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
-    # (name, processes, pinned, environment)
-    configs = [("(a) 1 process, 1 device", 1, False, env), ("(b) 2 processes, 1 device each", 2, False, env)]
-    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
-        configs.append(("(c) 2 processes, each pinned to one core", 2, True, env))
-    configs.append(("(d) 1 process, 2 devices", 1, False, two_devices))
-    # warm the XLA cache for every layout (process 0's cache entries serve every later run; (c)
-    # compiles what (b) does)
-    for name, processes, pin, environment in configs:
+    cores = len(os.sched_getaffinity(0))
+    # (name, processes, CPU devices per process, pinned)
+    configs = [("(a) 1 process, 1 device", 1, 1, False),
+               (f"(b) 1 process, {cores} devices", 1, cores, False),
+               ("(c) 2 processes, 1 device each", 2, 1, False)]
+    if shutil.which("taskset") and cores >= 2:
+        configs.append(("(d) 2 processes, each pinned to one core", 2, 1, True))
+    # warm the XLA cache for every layout (process 0's entries serve every later run; (d)
+    # compiles what (c) does)
+    for name, processes, devices, pin in configs:
         if not pin:
-            run_job(job(processes, pin, work / f"warm{name[1]}"), environment)
+            run_job(job(processes, devices, pin, work / f"warm{name[1]}"), env)
     rows, reference = [], None
-    for name, processes, pin, environment in configs:
+    for name, processes, devices, pin in configs:
         best = None
         for r in range(args.repeats):
             out = work / f"{name[1]}_{r}"
-            wall, cpu, codes, errs = run_job(job(processes, pin, out), environment)
+            wall, cpu, codes, errs = run_job(job(processes, devices, pin, out), env)
             if codes != [0] * processes:
                 raise SystemExit(f"{name}: exit codes {codes}\n" + "\n".join(e[-2000:] for e in errs))
             timings = json.loads((out / "manifest.json").read_text())["timings_s"]

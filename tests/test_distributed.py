@@ -39,6 +39,9 @@ def _free_port() -> int:
 
 
 def _env(tmp_path, **extra):
+    """One CPU device per process unless ``extra`` says otherwise (tests/test_sweep.py flies a
+    sweep on two devices and compares it with one)."""
+    extra.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     return dict(os.environ, PYTHONPATH=str(REPO), JAX_ENABLE_X64="1",
                 JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", **extra)

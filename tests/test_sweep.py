@@ -145,7 +145,8 @@ def test_kill_mid_sweep_then_resume_equals_uninterrupted(tmp_path):
     path = tmp_path / "sweep.toml"
     path.write_text(cfg.to_toml(cfg.merge(cfg.DEFAULTS, settings)))
     out = tmp_path / "res"
-    # the subprocesses fly on two (virtual CPU) devices, the reference here on one
+    # the subprocesses fly on two (virtual CPU) devices, each from its own thread, the reference
+    # here on one
     env = dict(os.environ, JAX_ENABLE_X64="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
@@ -372,6 +373,19 @@ def test_cli_errors_are_one_line_and_print_config_is_loadable(capsys, tmp_path):
     (tmp_path / "c.toml").write_text(text)
     c = cfg.load(tmp_path / "c.toml")
     assert c.vehicles == 100 and c.gusts["sigma"] == [2.0, 2.0, 1.0]
+
+
+def test_cpu_devices_one_per_core_only_where_the_extra_compilations_pay(capsys):
+    from quadjax.sweep.cli import MANY_DEVICES_FROM, cpu_devices
+
+    cores = len(os.sched_getaffinity(0))
+    short = cfg.from_dict({})  # the default sweep: 4096 × 2500 = 1.0e7 vehicle-ticks
+    assert short.vehicles * short.num_ticks < MANY_DEVICES_FROM and cpu_devices(short) == 1
+    long = cfg.from_dict({"vehicles": 16384})  # 4.1e7
+    assert long.vehicles * long.num_ticks >= MANY_DEVICES_FROM and cpu_devices(long) == cores
+    assert cpu_devices(short, 3) == 3
+    assert cli_main(["sweep", "--cpu-devices", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "quadjax sweep: error: --cpu-devices 0: needs at least 1"
 
 
 def test_results_folder_of_another_sweep_is_not_overwritten(tmp_path):

@@ -10,6 +10,7 @@ come from a TOML file (``--config``), a named option, or ``--set key=value``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     p.add_argument("--print-config", action="store_true", help="print the resolved settings as TOML and exit")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--cpu-devices", type=int, metavar="N", help="CPU devices to fly on, each from its own thread "
+                   "(default: one per usable core from 4e7 vehicle-ticks, where its extra compilation pays, "
+                   "else 1; ignored when XLA_FLAGS sets --xla_force_host_platform_device_count)")
     d = p.add_argument_group("several processes (jax.distributed; README: \"Sweeps over several processes\")")
     d.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address; default $JAX_COORDINATOR_ADDRESS")
     d.add_argument("--num-processes", type=int, metavar="N", help="processes in the job; default $JAX_NUM_PROCESSES")
@@ -221,9 +225,55 @@ def sweep_main(argv: list[str]) -> int:
     signal number after SIGINT or SIGTERM: 130, 143)."""
     args = _parser().parse_args(argv)
     try:
-        config = build_config(args)
+        config = build_config(args)  # touches no JAX device: the device count can still be chosen
+        devices = cpu_devices(config, args.cpu_devices)
     except ValueError as err:
         return _error(err)
+    with _cpu_devices(devices):
+        return _sweep(args, config)
+
+
+#: the XLA flag that splits the host CPU into devices (read once, when JAX starts its CPU backend)
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+#: from this size on, a sweep flies on one CPU device per core by default. Each device compiles
+#: its own copy of the program (about 7 s more on a cold start here, the copies compiling side by
+#: side) and halves the flight (0.6 → 0.3 µs per vehicle-tick on 2 cores): it pays from ~2·10⁷
+#: vehicle-ticks (benchmarks/DISTRIBUTED_RESULTS.md); the default sweep is 1·10⁷
+MANY_DEVICES_FROM = 4e7
+
+
+def cpu_devices(config, requested: int | None = None) -> int:
+    """The CPU devices ``quadjax sweep`` flies ``config`` on: ``requested``, else one per usable
+    core for a sweep of at least :data:`MANY_DEVICES_FROM` vehicle-ticks, else 1."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--cpu-devices {requested}: needs at least 1")
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores if config.vehicles * config.num_ticks >= MANY_DEVICES_FROM else 1
+
+
+@contextlib.contextmanager
+def _cpu_devices(count: int):
+    """``count`` CPU devices for this sweep, through XLA_FLAGS, unless XLA_FLAGS already sets a
+    count (or JAX has started here already: then this changes nothing). The sweep flies every
+    device from its own thread; one device keeps only about one core busy. The environment is
+    restored afterwards: JAX has read it by then, and nothing started later inherits it."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _DEVICE_COUNT_FLAG in flags:
+        yield
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_COUNT_FLAG}={count}".strip()
+    try:
+        yield
+    finally:
+        if flags:
+            os.environ["XLA_FLAGS"] = flags
+        else:
+            del os.environ["XLA_FLAGS"]
+
+
+def _sweep(args, config) -> int:
     if args.print_config:
         from quadjax.sweep.config import to_toml
 

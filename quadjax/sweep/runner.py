@@ -28,9 +28,12 @@ are then bit-for-bit identical for any chunk size, any resume point and (``shard
 each device the same per-block program) any number of devices, for a given ``block_size``
 (which is therefore part of the sweep's identity).
 
-Each call runs one block on every local device (``jax.shard_map`` over a 1-D mesh);
-a chunk of ``chunk_size`` vehicles is as many calls as it needs and goes to disk as one
-file when it finishes (:mod:`quadjax.sweep.store`); a rerun resumes.
+Each call runs one block on one local device; every device has its own copy of the program
+and its own thread, so the devices fly side by side (:func:`_lanes`; on a CPU, forced host
+devices, one per core, are the way to use every core: ``quadjax sweep --cpu-devices N`` makes
+them, and does so by default for long sweeps). A chunk
+of ``chunk_size`` vehicles is as many calls as it needs and goes to disk as one file when it
+finishes (:mod:`quadjax.sweep.store`); a rerun resumes.
 
 In a job of several processes (:func:`quadjax.distributed.initialize` first; every process
 calls :func:`run_sweep` with the same config and folder), the processes agree on the sweep's
@@ -48,14 +51,17 @@ controller and everything else stay in XLA, so the lane rule above still matters
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
 import math
 import os
+import queue
 import secrets
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -629,37 +635,94 @@ def _fly(config, static, values, store, block, chunk, progress, plots, t_start) 
 
 
 def _fly_chunks(config, static, values, store, memory, block, chunk, todo, done, devices, timings, report, t_start):
-    """Fly the chunks ``todo`` on this process's devices, one block per device per call."""
+    """Fly the chunks ``todo`` on this process's devices: one block per call, each device
+    driven by its own thread (:func:`_lanes`), the chunks written in order."""
     num_chunks = -(-config.vehicles // chunk)
-    mesh = Mesh(np.asarray(devices), ("devices",))
-    by_vehicle = NamedSharding(mesh, PartitionSpec("devices"))
-    values = jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
     base = {"chunks": num_chunks, "vehicles": config.vehicles, "process": jax.process_index(),
             "processes": jax.process_count()}
-    if todo:
-        t0 = time.perf_counter()
-        compiled = _compiled(static, values, *_call_inputs(0, 1, block * len(devices), by_vehicle), mesh)
-        timings["compile_s"] = time.perf_counter() - t0
-        report({**base, "phase": "compiled", "chunk": 0, "chunks_done": len(done),
-                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "share": len(todo),
-                "elapsed_s": time.perf_counter() - t_start, "compile_s": timings["compile_s"],
-                "devices": len(devices)})
+    if not todo:
+        return
+    t0 = time.perf_counter()
+    lanes = _lanes(static, values, block, devices)
+    timings["compile_s"] = time.perf_counter() - t0
+    report({**base, "phase": "compiled", "chunk": 0, "chunks_done": len(done),
+            "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "share": len(todo),
+            "elapsed_s": time.perf_counter() - t_start, "compile_s": timings["compile_s"], "devices": len(devices)})
+    bounds = {i: (i * chunk, min((i + 1) * chunk, config.vehicles)) for i in todo}
+    calls = [(start, bounds[i][1]) for i in todo for start in range(bounds[i][0], bounds[i][1], block)]
+    free = queue.SimpleQueue()
+    for lane in lanes:
+        free.put(lane)
+
+    def fly(start, end):
+        lane = free.get()  # whichever device is idle
+        try:
+            return lane.fly(start, end, block)
+        finally:
+            free.put(lane)
+
     done = set(done)
-    for flown, i in enumerate(todo, 1):
-        t0 = time.perf_counter()
-        first, end = i * chunk, min((i + 1) * chunk, config.vehicles)
-        per_call = block * len(devices)
-        calls = [compiled(values, *_call_inputs(start, end, per_call, by_vehicle))  # dispatched asynchronously
-                 for start in range(first, end, per_call)]
-        arrays = _chunk_arrays(first, end, config, jax.device_get(calls))
-        timings["flight_s"] += time.perf_counter() - t0
-        if store:
-            store.write_chunk(i, arrays)
-        else:
-            memory[i] = arrays
-        done.add(i)
-        report({**base, "phase": "chunk", "chunk": i + 1, "chunks_done": len(done), "flown": flown, "share": len(todo),
-                "vehicles_done": _vehicles_in(done, chunk, config.vehicles), "elapsed_s": time.perf_counter() - t_start})
+    t0, writing = time.perf_counter(), 0.0
+    pool = ThreadPoolExecutor(len(lanes), thread_name_prefix="quadjax-sweep")
+    try:
+        results = _in_order(pool, fly, calls, window=2 * len(lanes))
+        for flown, i in enumerate(todo, 1):
+            first, end = bounds[i]
+            arrays = _chunk_arrays(first, end, config, [next(results) for _ in range(first, end, block)])
+            t_write = time.perf_counter()
+            if store:
+                store.write_chunk(i, arrays)
+            else:
+                memory[i] = arrays
+            writing += time.perf_counter() - t_write
+            done.add(i)
+            report({**base, "phase": "chunk", "chunk": i + 1, "chunks_done": len(done), "flown": flown,
+                    "share": len(todo), "vehicles_done": _vehicles_in(done, chunk, config.vehicles),
+                    "elapsed_s": time.perf_counter() - t_start})
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # an interrupted sweep waits only for the calls running
+    timings["flight_s"] = time.perf_counter() - t0 - writing
+
+
+@dataclasses.dataclass
+class _Lane:
+    """One local device: the sweep's values placed on it and the block program compiled for it."""
+
+    values: Any
+    sharding: NamedSharding
+    compiled: Any
+
+    def fly(self, start: int, end: int, block: int):
+        """Vehicles start … start + block − 1 (those ≥ end are padding), as numpy."""
+        return jax.device_get(self.compiled(self.values, *_call_inputs(start, end, block, self.sharding)))
+
+
+def _lanes(static, values, block: int, devices) -> list[_Lane]:
+    """A lane per device. One program over all the devices would run their blocks one after
+    another on the CPU (measured: two forced devices flew the default sweep no faster than one);
+    a program per device, each called from its own thread, runs them side by side, and every
+    device runs the same per-block program, so a vehicle's bits do not depend on which one
+    flew it. The programs compile in parallel (XLA compiles on the calling thread)."""
+
+    def build(device):
+        mesh = Mesh(np.asarray([device]), ("devices",))
+        placed = jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
+        sharding = NamedSharding(mesh, PartitionSpec("devices"))
+        return _Lane(placed, sharding, _compiled(static, placed, *_call_inputs(0, 1, block, sharding), mesh))
+
+    with ThreadPoolExecutor(len(devices), thread_name_prefix="quadjax-compile") as pool:
+        return list(pool.map(build, devices))
+
+
+def _in_order(pool, fn, items, window: int):
+    """``fn(*item)`` for each item on ``pool``, at most ``window`` in flight, yielded in order."""
+    pending: collections.deque = collections.deque()
+    for item in items:
+        pending.append(pool.submit(fn, *item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def _gather_timings(timings: dict, chunks: int, vehicles: int) -> None:
