@@ -24,8 +24,8 @@ for an element-wise program is not bit-identical across batch shapes, nor across
 of one batch (vector loops and their tails differ, e.g. in FMA contraction: measured 1-ulp
 differences in the energy), so every block is the same compiled program on the same shape,
 and vehicle i always sits in lane i mod block_size (chunks hold whole blocks). The results
-are then bit-for-bit identical for any chunk size, any resume point and (``shard_map`` gives
-each device the same per-block program) any number of devices, for a given ``block_size``
+are then bit-for-bit identical for any chunk size, any resume point and (every device runs
+the same per-block program) any number of devices, for a given ``block_size``
 (which is therefore part of the sweep's identity).
 
 Each call runs one block on one local device; every device has its own copy of the program
@@ -68,7 +68,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from quadjax import control as C
 from quadjax import distributed, presets
@@ -362,19 +361,13 @@ def run_chunk(static: Static, v: dict, index, valid):
 _COMPILED: dict = {}
 
 
-def _compiled(static, values, index, valid, mesh):
-    """The compiled call (one block per device of ``mesh``), compiled once per process."""
+def _compiled(static, values, index, valid, device):
+    """The compiled call of one block on ``device`` (its inputs are placed there), compiled once
+    per process and device."""
     leaves, tree = jax.tree_util.tree_flatten((values, index, valid))
-    key = (static, tree, tuple((x.shape, str(x.dtype)) for x in leaves), mesh)
+    key = (static, tree, tuple((x.shape, str(x.dtype)) for x in leaves), device)
     if key not in _COMPILED:
-        def per_device(v, index, valid):
-            out, counts, kept = run_chunk(static, v, index, valid)
-            return out, counts[None], jax.tree_util.tree_map(lambda x: x[None], kept)
-
-        spec = PartitionSpec("devices")
-        call = jax.shard_map(per_device, mesh=mesh, in_specs=(PartitionSpec(), spec, spec),
-                             out_specs=(spec, spec, spec), check_vma=False)
-        _COMPILED[key] = jax.jit(call).lower(values, index, valid).compile()
+        _COMPILED[key] = jax.jit(functools.partial(run_chunk, static)).lower(values, index, valid).compile()
     return _COMPILED[key]
 
 
@@ -689,12 +682,12 @@ class _Lane:
     """One local device: the sweep's values placed on it and the block program compiled for it."""
 
     values: Any
-    sharding: NamedSharding
+    device: Any
     compiled: Any
 
     def fly(self, start: int, end: int, block: int):
         """Vehicles start … start + block − 1 (those ≥ end are padding), as numpy."""
-        return jax.device_get(self.compiled(self.values, *_call_inputs(start, end, block, self.sharding)))
+        return jax.device_get(self.compiled(self.values, *_call_inputs(start, end, block, self.device)))
 
 
 def _lanes(static, values, block: int, devices) -> list[_Lane]:
@@ -705,10 +698,8 @@ def _lanes(static, values, block: int, devices) -> list[_Lane]:
     flew it. The programs compile in parallel (XLA compiles on the calling thread)."""
 
     def build(device):
-        mesh = Mesh(np.asarray([device]), ("devices",))
-        placed = jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
-        sharding = NamedSharding(mesh, PartitionSpec("devices"))
-        return _Lane(placed, sharding, _compiled(static, placed, *_call_inputs(0, 1, block, sharding), mesh))
+        placed = jax.device_put(values, device)
+        return _Lane(placed, device, _compiled(static, placed, *_call_inputs(0, 1, block, device), device))
 
     with ThreadPoolExecutor(len(devices), thread_name_prefix="quadjax-compile") as pool:
         return list(pool.map(build, devices))
@@ -751,11 +742,11 @@ def _write_outputs(store: SweepStore, result: SweepResult, plots: bool, extra: d
     store.finish(result.summary, {**extra, "plots": sorted(written)})
 
 
-def _call_inputs(start, end, size, sharding):
-    """Vehicle indices start … start + size − 1 of one call; ``valid`` masks those ≥ end
-    (they are computed, as real vehicles of the next chunk would be, and dropped)."""
+def _call_inputs(start, end, size, device):
+    """Vehicle indices start … start + size − 1 of one call, on ``device``; ``valid`` masks those
+    ≥ end (they are computed, as real vehicles of the next chunk would be, and dropped)."""
     index = np.arange(start, start + size, dtype=np.int32)
-    return jax.device_put(index, sharding), jax.device_put(index < end, sharding)
+    return jax.device_put(index, device), jax.device_put(index < end, device)
 
 
 def _chunk_arrays(first, end, config, calls):
@@ -763,20 +754,18 @@ def _chunk_arrays(first, end, config, calls):
     n = end - first
     outs = [c[0] for c in calls]
     arrays = {"vehicle_index": np.arange(first, end, dtype=np.int64),
-              "counts": np.sum([np.asarray(c[1], np.int64).sum(0) for c in calls], axis=0)}
+              "counts": np.sum([np.asarray(c[1], np.int64) for c in calls], axis=0)}
     arrays.update({k: np.concatenate([np.asarray(o[k]) for o in outs])[:n] for k in outs[0]})
-    # kept rows: per call and device, the first K of its block; keep those with index < K
+    # kept rows: per call, the first K of its block (T, K, …); keep those with index < K
     kept = {"index": [], "position": [], "error": [], "alive": []}
-    devices = calls[0][2][0].shape[0]
-    block = len(np.asarray(outs[0]["crash_code"])) // devices
+    block = len(np.asarray(outs[0]["crash_code"]))
     for j, (_, _, (position, error, alive)) in enumerate(calls):
-        for d in range(devices):
-            start = first + (j * devices + d) * block
-            rows = max(0, min(config.keep_trajectories - start, end - start, position.shape[2]))
-            kept["index"].append(np.arange(start, start + rows, dtype=np.int64))
-            kept["position"].append(np.swapaxes(position[d, :, :rows], 0, 1))
-            kept["error"].append(np.swapaxes(error[d, :, :rows], 0, 1))
-            kept["alive"].append(np.swapaxes(alive[d, :, :rows], 0, 1))
+        start = first + j * block
+        rows = max(0, min(config.keep_trajectories - start, end - start, position.shape[1]))
+        kept["index"].append(np.arange(start, start + rows, dtype=np.int64))
+        kept["position"].append(np.swapaxes(position[:, :rows], 0, 1))
+        kept["error"].append(np.swapaxes(error[:, :rows], 0, 1))
+        kept["alive"].append(np.swapaxes(alive[:, :rows], 0, 1))
     arrays.update({"kept_" + k: np.concatenate(v) for k, v in kept.items()})
     return arrays
 
