@@ -7,7 +7,8 @@ pure and un-jitted: the caller jits the outermost call.
 Day one: the types (:class:`QuadParams`, :class:`QuadState`), the model
 (:func:`derivative`, :func:`rk4_step`), the engine (:func:`simulate` with a
 :class:`SimConfig`, batched by :func:`map_vehicles` / :func:`vehicle_axes`), the mixer
-(:func:`mix`), presets and hover trim, the invariants and status codes. Everything else
+(:func:`mix`), presets and hover trim, the invariants and status codes, and :func:`view`
+(the trace player, ``quadjax.player``). Everything else
 lives in its module: ``quadjax.control``, ``quadjax.mixer``, ``quadjax.monitor``,
 ``quadjax.sweep``, ``quadjax.sysid`` (imports optax), ``quadjax.mpc``, ``quadjax.native``,
 ``quadjax.sharding`` and ``quadjax.distributed`` (devices and processes), ``quadjax.frames``, ``quadjax.sensors`` and ``quadjax.estimation`` (IMU,
@@ -28,6 +29,7 @@ from quadjax.invariants import INVARIANT_IDS, invariant_id, state_valid, state_v
 from quadjax.mixer import MixerParams, mix
 from quadjax.model import derivative, hover_rotor_speed, hover_state, hover_thrusts
 from quadjax.params import QuadParams, check_params, params_valid
+from quadjax.player import view
 from quadjax.state import QuadState
 from quadjax.status import STATUS_IDS
 
@@ -72,4 +74,5 @@ __all__ = [
     "state_violation",
     "status",
     "vehicle_axes",
+    "view",
 ]

@@ -269,7 +269,7 @@ def _integrator_name(config: SimConfig) -> str:
 
 
 def write_repro(path, run: Trajectory, params: QuadParams, dt, *, vehicle: int | None = None,
-                params_axes=None) -> str:
+                params_axes=None, history: bool = True) -> str:
     """Write one violation of a checked run as a self-contained ``.npz`` repro file; returns the path.
 
     ``run``: the :class:`~quadjax.engine.Trajectory` of a run with ``check`` on. The file holds
@@ -277,7 +277,9 @@ def write_repro(path, run: Trajectory, params: QuadParams, dt, *, vehicle: int |
     the integrator, substeps and backend, the indices (vehicle, tick), the code and phase, and
     what the step produced, all in their exact dtype. ``vehicle``: which vehicle of a batched
     run (default: the first broken one). ``params_axes``: as passed to the batched run; ``dt``
-    that of the run. Written atomically (a temp file renamed into place).
+    that of the run. ``history``: where the run saved its states, the file also holds the
+    vehicle's saved states before the violation (``history.*``, what the trace player shows;
+    :func:`load_history`). Written atomically (a temp file renamed into place).
     """
     report = run.report
     if report is None:
@@ -312,6 +314,13 @@ def write_repro(path, run: Trajectory, params: QuadParams, dt, *, vehicle: int |
         phase=_PHASES[int(np.asarray(r.phase))], substeps=int(run.config.substeps),
         step=_integrator_name(run.config), backend=run.backend, dtype=str(dtype), description=describe(r, p),
     )
+    every = run.config.save_every
+    if history and run.states is not None and every and isinstance(run.states, QuadState):
+        states = _vehicle(run.states, vehicle) if code.ndim > 0 else run.states
+        kept = meta["tick"] // every  # the samples after ticks every − 1, 2·every − 1, … < the tick
+        for f in dataclasses.fields(states):
+            arrays[f"history.{f.name}"] = np.asarray(getattr(states, f.name))[:kept]
+        arrays["history_step"] = np.asarray(every * np.asarray(dt, np.float64))
     arrays["meta"] = np.asarray(json.dumps(meta))
     write_atomic(path, lambda f: np.savez(f, **arrays))
     return str(path)
@@ -346,6 +355,16 @@ def load_repro(path):
     meta["constant"] = [bool(c) for c in data["constant"]]
     command, dt = jnp.asarray(data["command"]), jnp.asarray(data["dt"])
     return meta, params, state, command, dt, data.get("wind"), data.get("wrench"), after
+
+
+def load_history(path):
+    """The vehicle's saved states before the violation in a repro file, ``(QuadState (K, ...),
+    step [s])`` with sample j at (j + 1)·step, or None where the file holds none (K = 0 too)."""
+    with np.load(path, allow_pickle=False) as z:
+        if "history_step" not in z.files or z["history.position"].shape[0] == 0:
+            return None
+        states = QuadState(**{f.name: z[f"history.{f.name}"] for f in dataclasses.fields(QuadState)})
+        return states, float(z["history_step"])
 
 
 #: replay runs the recorded vehicle in a batch of copies: XLA compiles scalar and

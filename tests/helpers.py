@@ -153,3 +153,21 @@ def varied_fleet(R, n, dtype, seed):
         u = jnp.asarray(hover * rng.uniform(0.7, 1.3, R), dtype)
         vehicles.append((p, s, u, jnp.asarray(rng.uniform(2e-4, 4e-3), dtype)))
     return vehicles
+
+
+#: a small sweep with every mechanism on (gusts, sensor noise, initial errors, 5 perturbations,
+#: among them the arm positions ±1 %): the tests' sweeps that differ from it only in numbers
+#: share its compilation (through the run's XLA cache, across files too)
+SMALL_SWEEP = {
+    "vehicles": 48, "chunk_size": 48, "block_size": 16, "keep_trajectories": 48,
+    "mission": {"duration": 1.0},
+    "sensor_noise": {"enabled": True},
+    "randomise": {"rotor_positions": {"dist": "relative", "spread": 0.01}},
+}
+
+
+def small_sweep(**settings):
+    """:data:`SMALL_SWEEP` with ``settings`` (dotted names) applied, as a checked SweepConfig."""
+    from quadjax.sweep import config as cfg
+
+    return cfg.from_dict(cfg.merge(SMALL_SWEEP, cfg.overrides_to_dict(settings)))

@@ -402,7 +402,7 @@ def test_an_absurd_size_is_refused_before_compiling(tmp_path, capsys):
     out = tmp_path / "big"
     err = _cli_error(capsys, ["--vehicles", "1", "--duration", "1e7", "--out", str(out)])
     assert err.startswith("quadjax sweep: error: sweep too large (1 × 1250000000 ticks = 1.25e+09 "
-                          "vehicle-ticks): 21.3 GB of results, 42.5 GB on disk")
+                          "vehicle-ticks): 86.3 GB of results, 173 GB on disk")
     assert "pass --force" in err and not out.exists()
     events = []
     with pytest.raises(ValueError, match="vehicle-ticks \\(budget 2e\\+10\\)"):
@@ -410,7 +410,8 @@ def test_an_absurd_size_is_refused_before_compiling(tmp_path, capsys):
                         progress=events.append)
     assert events == []  # nothing compiled, nothing flown
     e = runner.estimate(conf())
-    assert e["vehicle_ticks"] == 32 * 10 and e["results_bytes"] == 4 * 10 * 17 + 32 * (11 + 12) * 8
+    # a kept vehicle-tick: 16 floats of state and error, the int8 saturation report (4), alive (1)
+    assert e["vehicle_ticks"] == 32 * 10 and e["results_bytes"] == 4 * 10 * (16 * 4 + 4 + 1) + 32 * (11 + 12) * 8
 
 
 def test_force_runs_past_the_budget(monkeypatch, reference):

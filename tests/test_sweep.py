@@ -31,18 +31,7 @@ from quadjax.sweep import stats as S
 REPO = Path(__file__).resolve().parents[1]
 F32 = jnp.float32
 
-#: a small sweep with every mechanism on (gusts, sensor noise, initial errors, 5 perturbations,
-#: among them the arm positions ±1 %, which the unstable case below mirrors)
-SMALL = {
-    "vehicles": 48, "chunk_size": 48, "block_size": 16, "keep_trajectories": 48,
-    "mission": {"duration": 1.0},
-    "sensor_noise": {"enabled": True},
-    "randomise": {"rotor_positions": {"dist": "relative", "spread": 0.01}},
-}
-
-
-def small(**settings):
-    return cfg.from_dict(cfg.merge(SMALL, cfg.overrides_to_dict(settings)))
+from tests.helpers import SMALL_SWEEP, small_sweep as small
 
 
 def assert_results_equal(a, b):
@@ -120,6 +109,24 @@ def _assert_no_nan(r):
     assert r.summary["rms_error_m"]["p50"] is None  # nothing finished: no error statistics, not NaN
 
 
+def test_kept_trajectories_hold_the_flown_state(base):
+    """The kept vehicles' per-tick state (for the plots and the trace player) is the flight's:
+    its last sample gives the per-vehicle final error and energy, the attitude is a unit
+    quaternion, and the mixer's saturation report is a code in {−1, 0, +1}."""
+    tr, v = base.trajectories, base.vehicles
+    rows, T = tr["index"], base.config.num_ticks
+    assert set(tr) == {"index", "time", "reference"} | {name for name, _, _ in sweep.runner.KEPT}
+    assert tr["attitude"].shape == (48, T, 4) and tr["rotor_speeds"].shape == (48, T, 4)
+    assert tr["saturation"].dtype == np.int8 and set(np.unique(tr["saturation"])) <= {-1, 0, 1}
+    np.testing.assert_allclose(np.linalg.norm(tr["attitude"], axis=-1), 1.0, atol=1e-5)
+    assert v["crash_code"][rows].max() == 0
+    np.testing.assert_allclose(tr["error"][:, -1], v["final_error"][rows], rtol=1e-6)
+    np.testing.assert_allclose(tr["energy"][:, -1], v["energy"][rows], rtol=1e-6)
+    # the hover speed makes the weight: rotor speeds sit within 30 % of it through a gentle figure-8
+    hover = float(qj.hover_rotor_speed(qj.presets.get(base.config.preset)).mean())
+    assert 0.7 * hover < np.median(tr["rotor_speeds"]) < 1.3 * hover
+
+
 def test_unstable_configuration_is_reported_as_crashes_not_nans():
     # mirrored arms (a wiring error): every roll/pitch correction pushes the wrong way, a
     # closed-loop instability that tips every vehicle over within a fraction of a second
@@ -130,6 +137,15 @@ def test_unstable_configuration_is_reported_as_crashes_not_nans():
     assert np.all((r.vehicles["crash_tick"] >= 2) & (r.vehicles["crash_tick"] < mirrored.num_ticks // 2))
     assert np.all(np.degrees(r.vehicles["max_tilt"]) > 60)  # it tipped over before the limit
     _assert_no_nan(r)
+    # a kept trajectory (what the trace player shows) stops where the vehicle stopped: from the
+    # tick the crash was seen in, it holds the state going into that tick
+    tr = r.trajectories
+    for k, i in enumerate(tr["index"]):
+        c = int(r.vehicles["crash_tick"][i])
+        assert tr["alive"][k, :c - 1].all() and not tr["alive"][k, c - 1:].any()
+        for name in ("position", "attitude", "body_rates", "rotor_speeds", "energy"):
+            frozen = tr[name][k, c - 1:]
+            np.testing.assert_array_equal(frozen, np.broadcast_to(tr[name][k, c - 2], frozen.shape), err_msg=name)
     # inertia 10⁹× too small with the tilt and distance limits off: the state overflows to
     # non-finite values in the first tick; reported as such, the NaN kept out of every figure
     blown = small(**{"randomise.inertia": {"dist": "uniform", "low": 1e-9, "high": 2e-9, "mode": "scale"},
@@ -141,7 +157,7 @@ def test_unstable_configuration_is_reported_as_crashes_not_nans():
 
 
 def test_kill_mid_sweep_then_resume_equals_uninterrupted(tmp_path):
-    settings = dict(SMALL, vehicles=160, chunk_size=16)
+    settings = dict(SMALL_SWEEP, vehicles=160, chunk_size=16)
     path = tmp_path / "sweep.toml"
     path.write_text(cfg.to_toml(cfg.merge(cfg.DEFAULTS, settings)))
     out = tmp_path / "res"

@@ -328,6 +328,6 @@ def _run(args, config, state: dict) -> int:
               f" = {n * ticks / t['flight_s'] / 1e6:.2f} M vehicle-ticks/s)")
     else:
         print(f"every chunk was already in {result.out_dir}; nothing flown (pass --overwrite to fly again)")
-    outputs = "summary.json, vehicles.npz, trajectories.npz" + ("" if args.no_plots else ", plots/*.png")
+    outputs = "summary.json, vehicles.npz, trajectories.npz" + ("" if args.no_plots else ", plots/*.png, plots/player.html")
     print(f"results: {result.out_dir}/ ({outputs})")
     return 0

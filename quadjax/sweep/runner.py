@@ -236,8 +236,9 @@ class CrashRules(Hook):
     ground contact while the reference is more than ``clearance`` above the ground, tilt
     beyond ``cos_max_tilt``, tracking error beyond ``max_error`` or not finite) stops the
     vehicle with its :mod:`quadjax.status` code; while it flies, it folds the streaming
-    statistics and the fleet histogram's counts. Its per-tick output is (position, error,
-    alive) for the kept trajectories."""
+    statistics and the fleet histogram's counts. Its per-tick output (the kept trajectories,
+    :data:`KEPT`) is the state after the tick (frozen at the state before it once the vehicle
+    stopped), the controller's mixer saturation report, the error and whether it flies."""
 
     reference: Any
     dt: jax.Array
@@ -275,8 +276,13 @@ class CrashRules(Hook):
             "sat_ticks": c["sat_ticks"] + (alive & _saturated(params, tick.command, tick.ctrl_state[0])).astype(jnp.int32),
             "counts": c["counts"].at[self.histogram.index(error)].add(alive.astype(jnp.int32)),
         }
-        position = jnp.where(alive, s1.position, tick.before.position)
-        return c, cause, ((position, error, alive) if self.keep else None)
+        if not self.keep:
+            return c, cause, None
+        shown = jax.tree_util.tree_map(lambda a, b: jnp.where(alive, a, b), s1, tick.before)
+        report = getattr(tick.ctrl_state[0], "saturation", None)
+        report = jnp.zeros(4, jnp.int8) if report is None else jnp.asarray(report).astype(jnp.int8)
+        return c, cause, (shown.position, shown.attitude, shown.body_rates, shown.rotor_speeds, shown.energy,
+                          report, error, alive)
 
 
 def _vehicle(static: Static, v: dict, index):
@@ -343,6 +349,20 @@ def fly_vehicle(static: Static, v: dict, index):
     return out, stats["counts"], run.outputs[0]
 
 
+#: what a kept trajectory holds per tick: (name, trailing shape, dtype; None: the sweep's float
+#: dtype, R: the rotor count); the order of :class:`CrashRules`' per-tick output
+KEPT = (("position", (3,), None), ("attitude", (4,), None), ("body_rates", (3,), None),
+        ("rotor_speeds", ("R",), None), ("energy", (), None), ("saturation", (4,), "int8"),
+        ("error", (), None), ("alive", (), "bool"))
+
+
+def _kept_item_bytes(item: int, rotors: int) -> int:
+    """Bytes of one vehicle-tick of a kept trajectory."""
+    size = {None: item, "int8": 1, "bool": 1}
+    return sum(int(np.prod([rotors if d == "R" else d for d in shape], dtype=np.int64)) * size[dt]
+               for _, shape, dt in KEPT)
+
+
 def run_chunk(static: Static, v: dict, index, valid):
     """Fly the vehicles ``index`` (B,) int32 (``valid`` (B,) bool marks padding) for the whole
     mission. Returns (per-vehicle outputs, histogram counts, kept trajectories (T, K, …))."""
@@ -350,9 +370,9 @@ def run_chunk(static: Static, v: dict, index, valid):
     counts = jnp.sum(jnp.where(valid[:, None], counts, 0), axis=0, dtype=jnp.int32)
     K = min(static.keep, index.shape[0])
     if kept is None:
-        dtype = v["dt"].dtype
-        kept = (jnp.zeros((static.num_ticks, 0, 3), dtype), jnp.zeros((static.num_ticks, 0), dtype),
-                jnp.zeros((static.num_ticks, 0), bool))
+        R = v["nominal"].num_rotors
+        kept = tuple(jnp.zeros((static.num_ticks, 0) + tuple(R if d == "R" else d for d in shape), dt or v["dt"].dtype)
+                     for _, shape, dt in KEPT)
     else:
         kept = tuple(jnp.swapaxes(x[:K], 0, 1) for x in kept)
     return out, counts, kept
@@ -375,7 +395,9 @@ def _compiled(static, values, index, valid, device):
 class SweepResult:
     """A finished sweep: ``summary`` (the figures, JSON-able), ``vehicles`` (per-vehicle arrays
     in index order), ``counts`` (error histogram), ``trajectories`` (kept vehicles: index (K,),
-    time (T,) [s], reference (T, 3), position (K, T, 3), error (K, T), alive (K, T)),
+    time (T,) [s], reference (T, 3), and per :data:`KEPT` (K, T, …): position [m], attitude,
+    body_rates [rad/s], rotor_speeds [rad/s], energy [J], saturation (the mixer's report),
+    error [m], alive),
     ``timings`` [s] and the results folder (None for an in-memory sweep)."""
 
     config: SweepConfig
@@ -437,7 +459,7 @@ def estimate(config: SweepConfig, nominal=None) -> dict:
         nominal = presets.get(config.preset)
     item = np.dtype(config.dtype).itemsize
     ticks, vehicles = config.num_ticks, config.vehicles
-    per_tick = 4 * item + 1  # a kept trajectory: position (3), error (1), alive (bool)
+    per_tick = _kept_item_bytes(item, nominal.num_rotors)  # one vehicle-tick of a kept trajectory
     kept = min(config.keep_trajectories, vehicles) * ticks * per_tick
     params = sum(int(np.size(getattr(nominal, f))) for f in config.random.varied_fields)
     per_vehicle = vehicles * (_PER_VEHICLE_OUTPUTS + 3 * (config.estimator is not None) + params) * 8
@@ -738,7 +760,12 @@ def _write_outputs(store: SweepStore, result: SweepResult, plots: bool, extra: d
     if plots:
         from quadjax.sweep.plots import save_plots
 
-        written |= {Path(p).relative_to(store.root).as_posix() for p in save_plots(result, store.root / "plots")}
+        from quadjax.player import sweep_trace, write_page
+
+        pages = save_plots(result, store.root / "plots")
+        if len(result.trajectories["index"]):
+            pages.append(write_page(sweep_trace(result), store.root / "plots" / "player.html"))
+        written |= {Path(p).relative_to(store.root).as_posix() for p in pages}
     store.finish(result.summary, {**extra, "plots": sorted(written)})
 
 
@@ -757,15 +784,14 @@ def _chunk_arrays(first, end, config, calls):
               "counts": np.sum([np.asarray(c[1], np.int64) for c in calls], axis=0)}
     arrays.update({k: np.concatenate([np.asarray(o[k]) for o in outs])[:n] for k in outs[0]})
     # kept rows: per call, the first K of its block (T, K, …); keep those with index < K
-    kept = {"index": [], "position": [], "error": [], "alive": []}
+    kept = {"index": [], **{name: [] for name, _, _ in KEPT}}
     block = len(np.asarray(outs[0]["crash_code"]))
-    for j, (_, _, (position, error, alive)) in enumerate(calls):
+    for j, (_, _, series) in enumerate(calls):
         start = first + j * block
-        rows = max(0, min(config.keep_trajectories - start, end - start, position.shape[1]))
+        rows = max(0, min(config.keep_trajectories - start, end - start, series[0].shape[1]))
         kept["index"].append(np.arange(start, start + rows, dtype=np.int64))
-        kept["position"].append(np.swapaxes(position[:, :rows], 0, 1))
-        kept["error"].append(np.swapaxes(error[:, :rows], 0, 1))
-        kept["alive"].append(np.swapaxes(alive[:, :rows], 0, 1))
+        for (name, _, _), x in zip(KEPT, series):
+            kept[name].append(np.swapaxes(np.asarray(x)[:, :rows], 0, 1))
     arrays.update({"kept_" + k: np.concatenate(v) for k, v in kept.items()})
     return arrays
 
@@ -773,7 +799,7 @@ def _chunk_arrays(first, end, config, calls):
 def _aggregate(config: SweepConfig, chunks, timings) -> SweepResult:
     """Concatenate the chunks in index order and compute the summary."""
     per_vehicle: dict = {}
-    kept: dict = {"index": [], "position": [], "error": [], "alive": []}
+    kept: dict = {"index": [], **{name: [] for name, _, _ in KEPT}}
     counts = np.zeros(config.histogram.num_bins, np.int64)
     for arrays in chunks:
         counts += arrays["counts"].astype(np.int64)
@@ -790,14 +816,8 @@ def _aggregate(config: SweepConfig, chunks, timings) -> SweepResult:
     time_s = np.arange(1, config.num_ticks + 1).astype(dtype) * dtype.type(config.control_dt)
     reference = make_reference(config.trajectory, config.duration, dtype)
     ref_pos = np.asarray(jax.vmap(reference)(jnp.asarray(time_s)).position)
-    trajectories = {
-        "index": np.concatenate(kept["index"]),
-        "time": time_s,
-        "reference": ref_pos,
-        "position": np.concatenate(kept["position"]),
-        "error": np.concatenate(kept["error"]),
-        "alive": np.concatenate(kept["alive"]),
-    }
+    trajectories = {"index": np.concatenate(kept["index"]), "time": time_s, "reference": ref_pos,
+                    **{name: np.concatenate(kept[name]) for name, _, _ in KEPT}}
     summary = S.summarise(vehicles, counts, config.histogram, config.control_dt, config.num_ticks)
     return SweepResult(config=config, summary=summary, vehicles=vehicles, counts=counts,
                        trajectories=trajectories, timings=timings, out_dir=None)

@@ -7,7 +7,7 @@ A results folder holds::
                            "complete" once aggregated
     chunks/chunk_000000.npz  one per chunk of vehicles: per-vehicle arrays, the chunk's
                            error-histogram counts, kept trajectories, and the identity hash
-    summary.json, vehicles.npz, trajectories.npz, plots/*.png   written at the end
+    summary.json, vehicles.npz, trajectories.npz, plots/*.png, plots/player.html   written at the end
     .quadjax-sweep.lock    the lock of the sweep writing here (it holds that run's pid)
 
 Only one sweep writes into a folder at a time: :meth:`SweepStore.open` takes an exclusive,
@@ -51,7 +51,7 @@ import numpy as np
 
 from quadjax.files import is_temporary, write_atomic
 
-FORMAT = "quadjax-sweep/2"
+FORMAT = "quadjax-sweep/3"  # 3: kept trajectories hold the whole state and the mixer report
 #: the files a sweep writes at the end (removed by --overwrite together with its chunks and plots)
 OUTPUTS = ("summary.json", "vehicles.npz", "trajectories.npz")
 LOCK = ".quadjax-sweep.lock"
