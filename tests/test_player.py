@@ -481,13 +481,13 @@ def test_webgl_view_draws_the_vehicle_and_the_fallback_shows_the_same_trace(pw, 
 def test_a_sweep_writes_its_player_page_and_every_kept_vehicle_replays(browser, tmp_path):
     from quadjax import sweep
 
-    result = sweep.run_sweep(small_sweep(keep_trajectories=20), out_dir=tmp_path / "sweep")
+    result = sweep.run_sweep(small_sweep(), out_dir=tmp_path / "sweep")  # test_sweep's compilation
     page_path = tmp_path / "sweep" / "plots" / "player.html"
     assert page_path.is_file()
     assert "plots/player.html" in json.loads((tmp_path / "sweep" / "manifest.json").read_text())["plots"]
     page = browser.page(page_path, fake_clock=True)
     data = page_trace(page)
-    assert len(data["tracks"]) == 20 and data["kind"] == "sweep"
+    assert len(data["tracks"]) == 48 and data["kind"] == "sweep"
     # what the page shows is the sweep's kept trajectory, to the quantisation's bound
     tr = result.trajectories
     j, k = 7, data["count"] - 1
@@ -522,7 +522,22 @@ def test_log_and_validation_pages_render_without_errors(browser, tmp_path):
             assert [t["role"] for t in data["tracks"]] == ["measured", "predicted"]
             assert page.query_selector(".qj-vehicle") is None  # a prediction is not a vehicle to pick
         assert page.errors == []
-    assert "<iframe srcdoc=" in pg._repr_html_()  # what a notebook displays inline
+    # what a notebook displays inline: the same page in a sandboxed iframe, which plays there too
+    page = browser.page(pg.path)
+    page.set_content(pg._repr_html_())
+    inner = page.frames[1]
+    inner.wait_for_function("document.getElementById('quadjax-player').dataset.ready === 'true'")
+    assert inner.evaluate("quadjaxPlayer.state().index") == 0 and inner.evaluate("quadjaxPlayer.count") > 1
+    assert page.errors == []
+
+
+def test_attitude_plot_is_unwrapped_through_whole_turns():
+    yaw = np.linspace(0.0, 6 * np.pi, 601)  # three turns about z
+    q = np.stack([np.cos(yaw / 2), 0 * yaw, 0 * yaw, np.sin(yaw / 2)], axis=1)
+    tr = player.Trace(tracks=[player.Track("spin", np.zeros((601, 3)), attitude=q)], dt=0.01)
+    shown = P.dequantise(P.page_data(tr)["tracks"][0]["channels"]["euler"])[:, 2]
+    bound = 1080 / 131068 + 1e-6
+    np.testing.assert_allclose(shown, np.degrees(yaw), atol=bound)  # no ±180° jumps
 
 
 def test_base64_payload_matches_the_quantised_bytes():

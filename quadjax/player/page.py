@@ -197,6 +197,17 @@ def _euler_deg(attitude) -> np.ndarray:
     return np.degrees(np.asarray(_euler_fn()(np.asarray(attitude)), np.float64))
 
 
+def _unwrapped(degrees) -> np.ndarray:
+    """Angles (T, C) [deg] without the ±180° jumps (a flip, a turn past south draws no vertical
+    line), across gaps of missing values."""
+    out = np.array(degrees, np.float64)
+    for c in range(out.shape[1]):
+        ok = np.isfinite(out[:, c])
+        if ok.any():
+            out[ok, c] = np.unwrap(out[ok, c], period=360.0)
+    return out
+
+
 def _channels(tr: Track, rows) -> dict:
     out = {}
     for name in ("position", "attitude", "body_rates", "rotor_speeds", "commands", "thrust", "error"):
@@ -204,7 +215,7 @@ def _channels(tr: Track, rows) -> dict:
         if x is not None:
             out[name] = quantise(np.asarray(x)[rows])
     if tr.attitude is not None:
-        out["euler"] = quantise(_euler_deg(np.asarray(tr.attitude)[rows]))
+        out["euler"] = quantise(_unwrapped(_euler_deg(np.asarray(tr.attitude)))[rows])
     if tr.saturation is not None:
         out["saturation"] = _codes(np.asarray(tr.saturation)[rows])
     return out
