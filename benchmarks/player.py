@@ -17,7 +17,7 @@ machine, one job at a time; run it with nothing else on the cores.
    clock: the time the player's own render takes per frame (JavaScript: building the scene,
    the WebGL calls, the plot cursors; mean, p95, max) and the interval between frames (what a
    user sees: requestAnimationFrame to requestAnimationFrame, which includes the compositor),
-   and the time to switch the selected vehicle (redraws every plot). The same with WebGL off
+   and the time to switch the selected vehicle (redraws its layer of every plot). The same with WebGL off
    (the 2-D fallback) for the 1 000-vehicle page.
 """
 
@@ -74,13 +74,22 @@ class Chromium:
         if exe is None:
             sys.exit("benchmarks/player.py needs Chromium (apt-get install chromium)")
         self.profile = tempfile.mkdtemp(prefix="quadjax-bench-chromium-")
-        self.proc = subprocess.Popen([exe, *FLAGS, *extra, f"--user-data-dir={self.profile}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for line in self.proc.stderr:
-            m = re.search(r"DevTools listening on (ws://127\.0\.0\.1:\d+/\S+)", line)
-            if m:
-                break
-        self.browser = pw.chromium.connect_over_cdp(m.group(1))
+        log = Path(self.profile) / "stderr.log"  # a file: an undrained pipe would stall the browser
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([exe, *FLAGS, *extra, f"--user-data-dir={self.profile}", "about:blank"],
+                                         stdout=subprocess.DEVNULL, stderr=err)
+        m, deadline = None, time.monotonic() + 30
+        while m is None and time.monotonic() < deadline:
+            m = re.search(r"DevTools listening on (ws://127\.0\.0\.1:\d+/\S+)", log.read_text())
+            time.sleep(0.05)
+        try:
+            if m is None:
+                raise RuntimeError(f"Chromium did not start its DevTools endpoint:\n{log.read_text()[-2000:]}")
+            self.browser = pw.chromium.connect_over_cdp(m.group(1))
+        except BaseException:  # never leave the process behind
+            self.proc.kill()
+            self.proc.wait()
+            raise
         self.version = self.browser.version
 
     def close(self):
@@ -175,7 +184,8 @@ def main() -> int:
               "interval*: requestAnimationFrame to requestAnimationFrame while playing (16.7 ms is the display's "
               "60 Hz), which includes the compositor and the software rasteriser.",
               "- *load*: navigation start to the player ready (decoding the quantised trace, laying out the plots, "
-              "the first frame). *select*: switching the selected vehicle (every plot redrawn).",
+              "the first frame). *select*: switching the selected vehicle (its layer of every plot redrawn; the axes "
+              "and the faint others again only where the new vehicle leaves their range).",
               "- *stride*: the page's decimation (`quadjax.player.page`): at most 100 Hz, and at most 12 MB of trace "
               "data, counted back from the last sample.",
               "- Above 64 vehicles the 3-D view draws rotors as crosses and the selected vehicle's trail only; the "

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import jax
@@ -177,6 +178,12 @@ def test_trace_and_view_refuse_bad_input_with_the_field_named(tmp_path):
                                               config=qj.SimConfig(save_every=0)))(s0)
     with pytest.raises(ValueError, match="no saved quadrotor states"):
         player.trajectory_trace(no_states, p, DT)
+    from quadjax import euler16
+
+    e16 = euler16.from_quad_params(presets.cmu_plus())
+    other = qj.simulate(e16, euler16.hover_state(e16), 2e-3, commands=jnp.tile(euler16.hover_wrench(e16), (5, 1)))
+    with pytest.raises(ValueError, match="not QuadState"):
+        player.trajectory_trace(other, e16, 2e-3)
     good = altimeter_trace()
     with pytest.raises(ValueError, match=r"tracks\[0\].attitude: shape \(1001, 3\)"):
         player.Trace(tracks=[player.Track("a", good.tracks[0].position, attitude=np.zeros((1001, 3)))], dt=DT)
@@ -279,18 +286,26 @@ class Browser:
         if exe is None:
             pytest.skip("no Chromium (apt-get install chromium, or set QUADJAX_CHROMIUM)")
         self.profile = tempfile.mkdtemp(prefix="quadjax-chromium-")
-        self.proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, *extra, f"--user-data-dir={self.profile}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        endpoint = None
-        for line in self.proc.stderr:  # "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/…"
-            m = re.search(r"DevTools listening on (ws://127\.0\.0\.1:\d+/\S+)", line)
+        # its log goes to a file, never a pipe: a pipe nobody drains would fill and stall it
+        log = Path(self.profile) / "stderr.log"
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, *extra, f"--user-data-dir={self.profile}",
+                                          "about:blank"], stdout=subprocess.DEVNULL, stderr=err)
+        endpoint, deadline = None, time.monotonic() + 30
+        while endpoint is None and time.monotonic() < deadline and self.proc.poll() is None:
+            m = re.search(r"DevTools listening on (ws://127\.0\.0\.1:\d+/\S+)", log.read_text())
             if m:
                 endpoint = m.group(1)
-                break
+            else:
+                time.sleep(0.05)
         if endpoint is None:
             self.close()
             pytest.skip("Chromium did not start its DevTools endpoint")
-        self.browser = pw.chromium.connect_over_cdp(endpoint)
+        try:
+            self.browser = pw.chromium.connect_over_cdp(endpoint)
+        except BaseException:  # never leave the process behind
+            self.close()
+            raise
 
     def page(self, path, *, fake_clock=False, width=1400, height=950):
         context = self.browser.new_context(viewport={"width": width, "height": height})

@@ -18,6 +18,7 @@ from quadjax.engine import Hook, Trajectory, vehicle_axes
 from quadjax.params import QuadParams
 from quadjax.player.page import Event, Trace, Track
 from quadjax.quadrotor import effective_rotor_speeds, rotor_thrusts
+from quadjax.state import QuadState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,12 +96,17 @@ def trajectory_trace(run: Trajectory, params: QuadParams, dt: float, *, state0=N
     ``saturation``: the :class:`MixerReport` hook's output. ``reference`` (T, 3): a path drawn
     beside the flight. Events: where the monitor stopped a vehicle (its description), where
     any other status code stopped it, touch-downs and lift-offs, and the caller's ``events``.
+    The 3-D view draws every vehicle with vehicle 0's rotor layout; the thrusts are each
+    vehicle's own (``params`` per vehicle where a leaf has the batch axes).
     """
     if not isinstance(run, Trajectory):
         raise ValueError(f"trajectory_trace: expected a quadjax Trajectory, got {type(run).__name__}")
-    if run.states is None or not isinstance(run.states, type(run.final)) or not hasattr(run.states, "attitude"):
+    if run.states is None:
         raise ValueError("trajectory_trace: the Trajectory has no saved quadrotor states; simulate with "
                          "SimConfig(save_every >= 1) and 'state' in SimConfig.save")
+    if not isinstance(run.states, QuadState):
+        raise ValueError(f"trajectory_trace: this run's states are {type(run.states).__name__}, not QuadState "
+                         "(another quadjax.Vehicle); build a quadjax.player.Trace of Tracks from them")
     if not (np.isfinite(dt) and dt > 0):
         raise ValueError(f"trajectory_trace: dt={dt!r}, expected the tick length [s] > 0")
     batch = np.shape(run.status)

@@ -80,6 +80,8 @@
 
   var root = document.getElementById("quadjax-player");
   root.tabIndex = 0;
+  root.setAttribute("role", "application");
+  root.setAttribute("aria-label", trace.title + ". " + KEYS);
   var header = el("header", "qj-header", root);
   el("h1", "qj-title", header, trace.title);
   el("span", "qj-kind", header, trace.kind);
