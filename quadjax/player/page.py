@@ -36,7 +36,7 @@ import numpy as np
 from quadjax.files import write_atomic
 
 ROLES = ("flown", "measured", "predicted")
-#: per-track channels: (name, components or None for R, panel title, component labels)
+#: a Track's optional channels, in the order the page stores them (shapes: :func:`_shape_of`)
 _CHANNELS = ("position", "attitude", "body_rates", "rotor_speeds", "commands", "thrust", "saturation", "error")
 FORMAT = "quadjax-trace/1"
 MISSING = 65535
