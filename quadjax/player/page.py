@@ -36,7 +36,7 @@ import numpy as np
 from quadjax.files import write_atomic
 
 ROLES = ("flown", "measured", "predicted")
-#: a Track's optional channels, in the order the page stores them (shapes: :func:`_shape_of`)
+#: a Track's channels (shapes: :func:`_shape_of`)
 _CHANNELS = ("position", "attitude", "body_rates", "rotor_speeds", "commands", "thrust", "saturation", "error")
 FORMAT = "quadjax-trace/1"
 MISSING = 65535
@@ -104,10 +104,29 @@ class Trace:
     def num_samples(self) -> int:
         return int(np.shape(self.tracks[0].position)[0])
 
+    @property
+    def num_rotors(self) -> int | None:
+        """R: from the rotor layout, else from the first per-rotor channel (None: no such channel)."""
+        if self.rotor_positions is not None:
+            return int(np.shape(self.rotor_positions)[0])
+        return next((np.shape(getattr(tr, n))[1] for tr in self.tracks for n in _PER_ROTOR
+                     if getattr(tr, n) is not None and np.ndim(getattr(tr, n)) == 2), None)
+
+
+#: the channels a track's field is stored as: (stored name, field, components (R: the rotor
+#: count), encoding); the Euler angles are derived from the attitude for the plots
+_STORED = (("position", "position", 3, "u16"), ("attitude", "attitude", 4, "u16"),
+           ("euler", "attitude", 3, "u16"), ("body_rates", "body_rates", 3, "u16"),
+           ("rotor_speeds", "rotor_speeds", "R", "u16"), ("commands", "commands", "R", "u16"),
+           ("thrust", "thrust", "R", "u16"), ("saturation", "saturation", 4, "i8"), ("error", "error", 1, "u16"))
+_BYTES = {"u16": 2, "i8": 1}
+_PER_ROTOR = ("rotor_speeds", "commands", "thrust")
+
 
 def _shape_of(name, R):
-    return {"position": (3,), "attitude": (4,), "body_rates": (3,), "rotor_speeds": (R,), "commands": (R,),
-            "thrust": (R,), "saturation": (4,), "error": ()}[name]
+    """The trailing shape of a Track field."""
+    width = next(w for stored, field, w, _ in _STORED if field == name)
+    return () if name == "error" else (R if width == "R" else width,)
 
 
 def check_trace(trace: Trace) -> None:
@@ -121,7 +140,7 @@ def check_trace(trace: Trace) -> None:
     T = int(np.shape(trace.tracks[0].position)[0]) if np.ndim(trace.tracks[0].position) == 2 else 0
     if T < 1:
         raise ValueError(f"Trace.tracks[0].position: shape {np.shape(trace.tracks[0].position)}, expected (T, 3)")
-    R = None if trace.rotor_positions is None else np.shape(trace.rotor_positions)[0]
+    R = trace.num_rotors
     for k, tr in enumerate(trace.tracks):
         if tr.role not in ROLES:
             raise ValueError(f"Trace.tracks[{k}].role={tr.role!r}: expected one of {ROLES}")
@@ -132,8 +151,6 @@ def check_trace(trace: Trace) -> None:
             if x is None:
                 continue
             shape = np.shape(x)
-            if name in ("rotor_speeds", "commands", "thrust"):
-                R = shape[1] if R is None and len(shape) == 2 else R
             want = (T,) + _shape_of(name, R)
             if shape != want:
                 raise ValueError(f"Trace.tracks[{k}].{name}: shape {shape}, expected {want}")
@@ -210,26 +227,20 @@ def _unwrapped(degrees) -> np.ndarray:
 
 def _channels(tr: Track, rows) -> dict:
     out = {}
-    for name in ("position", "attitude", "body_rates", "rotor_speeds", "commands", "thrust", "error"):
-        x = getattr(tr, name)
-        if x is not None:
-            out[name] = quantise(np.asarray(x)[rows])
-    if tr.attitude is not None:
-        out["euler"] = quantise(_unwrapped(_euler_deg(np.asarray(tr.attitude)))[rows])
-    if tr.saturation is not None:
-        out["saturation"] = _codes(np.asarray(tr.saturation)[rows])
+    for stored, field, _, encoding in _STORED:
+        x = getattr(tr, field)
+        if x is None:
+            continue
+        x = _unwrapped(_euler_deg(np.asarray(x))) if stored == "euler" else np.asarray(x)
+        out[stored] = (_codes if encoding == "i8" else quantise)(x[rows])
     return out
 
 
 def _bytes_per_sample(trace: Trace) -> int:
-    n = 0
-    for tr in trace.tracks:
-        for name in _CHANNELS:
-            x = getattr(tr, name)
-            if x is not None:
-                n += int(np.prod(np.shape(x)[1:], dtype=np.int64)) * (1 if name == "saturation" else 2)
-        n += 6 if tr.attitude is not None else 0  # the Euler angles
-    return n + (6 if trace.reference is not None else 0)
+    R = trace.num_rotors or 0
+    n = sum((R if width == "R" else width) * _BYTES[encoding]
+            for tr in trace.tracks for _, field, width, encoding in _STORED if getattr(tr, field) is not None)
+    return n + (3 * _BYTES["u16"] if trace.reference is not None else 0)
 
 
 def stride_for(trace: Trace, max_rate: float, max_bytes: float) -> int:
@@ -243,9 +254,7 @@ def stride_for(trace: Trace, max_rate: float, max_bytes: float) -> int:
 
 def _panels(trace: Trace) -> list[dict]:
     have = {name for tr in trace.tracks for name in _CHANNELS if getattr(tr, name) is not None}
-    R = next((np.shape(getattr(tr, n))[1] for tr in trace.tracks for n in ("rotor_speeds", "thrust", "commands")
-              if getattr(tr, n) is not None), 4)
-    rotors = [str(i) for i in range(R)]
+    rotors = [str(i) for i in range(trace.num_rotors or 4)]
     # min_span: the smallest y range shown, so that rounding noise is not blown up to full height
     panels = [{"title": "position [m]", "channel": "position", "labels": ["x", "y", "z"], "min_span": 0.1,
                "reference": trace.reference is not None, "note": "dashed: reference" if trace.reference is not None

@@ -214,8 +214,8 @@ def sweep_trace(source, *, title: str | None = None) -> Trace:
     # every kept vehicle's thrusts in one call, each with its own drawn parameters
     varied = config.random.varied_fields
     drawn = nominal.replace(**{f: jnp.asarray(vehicles["param_" + f][rows]) for f in varied})
-    each = jax.vmap(rotor_thrusts, in_axes=(vehicle_axes(drawn, *varied), 0, 0))
-    thrusts = np.asarray(jax.jit(each)(drawn, jnp.asarray(tr["rotor_speeds"]), jnp.asarray(tr["energy"])))
+    each = jax.vmap(_thrusts, in_axes=(vehicle_axes(drawn, *varied), 0, 0, None))
+    thrusts = np.asarray(each(drawn, jnp.asarray(tr["rotor_speeds"]), jnp.asarray(tr["energy"]), None))
     tracks, events = [], []
     for j, (v, row) in enumerate(zip(index, rows)):
         tracks.append(Track(name=f"vehicle {int(v)}", position=tr["position"][j], attitude=tr["attitude"][j],
@@ -259,17 +259,15 @@ def repro_trace(path, *, title: str | None = None) -> Trace:
             if meta["phase"] == "after" and step == h:
                 states = jax.tree_util.tree_map(lambda x, a: np.concatenate([x, np.asarray(a)[None]]), states, after)
         times = step * np.arange(1, states.position.shape[0] + 1)
-        before_event = k * h
     else:  # the state going into tick k, and what the step made of it
         states = jax.tree_util.tree_map(lambda a, b: np.stack([np.asarray(a), np.asarray(b)]), state, after)
-        step, times, before_event = h, np.array([k * h, (k + 1) * h]), k * h
+        step, times = h, np.array([k * h, (k + 1) * h])
     thrust = _thrust(params, states.rotor_speeds, states.energy)
     track = Track(name=f"vehicle {meta['vehicle']}" if meta.get("vehicle") is not None else "vehicle",
                   position=states.position, attitude=states.attitude, body_rates=states.body_rates,
                   rotor_speeds=states.rotor_speeds, thrust=thrust)
     events = _ground_events(states.on_ground, times, None)
-    events.append(Event(before_event if meta["phase"] == "before" else before_event + h,
-                        "monitor: " + meta["description"], None))
+    events.append(Event((k if meta["phase"] == "before" else k + 1) * h, "monitor: " + meta["description"], None))
     desc = [f"repro file {Path(path).name}: {meta['description']}",
             f"recorded on the {meta['backend']} backend, {meta['step']} × {meta['substeps']}, {meta['dtype']}; "
             "replay it with quadjax.monitor.replay."]
@@ -335,13 +333,10 @@ def validation_trace(log, params: QuadParams, *, motor_map=None, inputs: str = "
         out[np.arange(W) * horizon] = np.asarray(start)
         return out
 
-    s0 = windows.state0
-    position = placed(pred.position, s0.position)
-    track_p = Track(name=f"{log.name} (predicted)", position=position, attitude=placed(pred.attitude, s0.attitude),
-                    body_rates=placed(pred.body_rates, s0.body_rates),
-                    rotor_speeds=placed(pred.rotor_speeds, s0.rotor_speeds),
-                    thrust=_thrust(params, placed(pred.rotor_speeds, s0.rotor_speeds), placed(pred.energy, s0.energy)),
-                    error=np.linalg.norm(position - log.position, axis=1), role="predicted", of=0)
+    s = jax.tree_util.tree_map(placed, pred, windows.state0)
+    track_p = Track(name=f"{log.name} (predicted)", position=s.position, attitude=s.attitude, body_rates=s.body_rates,
+                    rotor_speeds=s.rotor_speeds, thrust=_thrust(params, s.rotor_speeds, s.energy),
+                    error=np.linalg.norm(s.position - log.position, axis=1), role="predicted", of=0)
     measured = _log_track(log, log.name, params)
     covered = W * horizon
     desc = [f"{log.name}: the model predicts {horizon} samples ({horizon * log.dt:g} s) open loop from the measured "

@@ -190,8 +190,13 @@ def _saturated(params, command, ctrl_state):
     controller's own mixer report (where it keeps one) cutting any axis."""
     tol = 1e-4 * params.omega_max
     sat = jnp.any((command >= params.omega_max - tol) | (command <= params.omega_min + tol))
-    report = getattr(ctrl_state, "saturation", None)
+    report = _mixer_report(ctrl_state)
     return sat if report is None else sat | jnp.any(report != 0)
+
+
+def _mixer_report(ctrl_state):
+    """The controller's last mixer saturation report (4,), or None for a controller that keeps none."""
+    return getattr(ctrl_state, "saturation", None)
 
 
 def _draws(key, k, n, dtype):
@@ -279,7 +284,7 @@ class CrashRules(Hook):
         if not self.keep:
             return c, cause, None
         shown = jax.tree_util.tree_map(lambda a, b: jnp.where(alive, a, b), s1, tick.before)
-        report = getattr(tick.ctrl_state[0], "saturation", None)
+        report = _mixer_report(tick.ctrl_state[0])
         report = jnp.zeros(4, jnp.int8) if report is None else jnp.asarray(report).astype(jnp.int8)
         return c, cause, (shown.position, shown.attitude, shown.body_rates, shown.rotor_speeds, shown.energy,
                           report, error, alive)
