@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 #: temporaries are ``.<target name>.<random>`` + this suffix: nothing else in a folder matches it
@@ -24,7 +24,7 @@ def _umask() -> int:
     return mask
 
 
-# mkstemp creates files 0600; results get the mode open() would give them (read at import:
+# temporaries are created 0600; results get the mode open() would give them (read at import:
 # os.umask can only be read by setting it, which is not safe once threads run)
 _FILE_MODE = 0o666 & ~_umask()
 
@@ -48,8 +48,17 @@ def write_atomic(path, write, *, mode: int | None = None) -> Path:
     """Write ``path`` through ``write(binary_file)`` atomically (module docstring); ``mode``:
     its permission bits (default: what ``open()`` gives under the umask). Returns the path."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    tmp = fd = None
     try:
+        while fd is None:
+            # The name is chosen before the file exists, so a signal landing anywhere after the
+            # create, even before open() returns, leaves a name to remove (mkstemp's did not: a
+            # SIGTERM between its create and its return left a temporary behind).
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}{TMP_SUFFIX}"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another writer's: not ours to remove; another name
+                tmp = None
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), _FILE_MODE if mode is None else mode)
             write(f)
@@ -57,8 +66,9 @@ def write_atomic(path, write, *, mode: int | None = None) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
     fsync_folder(path.parent)
     return path
