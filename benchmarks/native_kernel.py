@@ -45,7 +45,7 @@ def worker(case: dict) -> dict:
     import jax.numpy as jnp
 
     import quadjax as qj
-    from quadjax.integrators import _rk4_step_xla
+    from quadjax.integrators import rk4_step_xla
 
     N, T, kind = case["N"], case["T"], case["kind"]
     p = qj.presets.rp1("float32")
@@ -68,7 +68,7 @@ def worker(case: dict) -> dict:
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
     direction = jnp.ones_like(u)
-    fn = {"rollout": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(_rk4_step_xla),
+    fn = {"rollout": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,))}[kind]
     f = jax.jit(fn)

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "presets": ("quadjax.cli:presets_main", "list the vehicle presets with their sources"),
     "sweep": ("quadjax.sweep.cli:sweep_main", "Monte Carlo sweep of randomised vehicles on a mission"),
     "fit": ("quadjax.sysid.cli:fit_main", "fit QuadParams leaves to flight logs (system identification)"),
+    "verify": ("quadjax.verify.cli:verify_main", "run the verification scenarios and print their verdicts"),
     "view": ("quadjax.player.cli:view_main", "write the trace player's HTML page for a sweep, repro file or log"),
     "bench": ("quadjax.cli:bench_main", "throughput benchmark (benchmarks/throughput.py of a source checkout)"),
 }

@@ -179,7 +179,9 @@ def semi_implicit_euler_step(params: QuadParams, state: QuadState, command, dt) 
     return _array_form(semi_implicit_euler_step_c)(params, state, command, dt)
 
 
-_rk4_step_xla = _array_form(rk4_step_c)
+#: :func:`rk4_step` as XLA operations: what it runs off the CPU kernel, and the form whose
+#: operations :func:`quadjax.verify.opcount.operation_count` counts
+rk4_step_xla = _array_form(rk4_step_c)
 
 
 def rk4_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
@@ -195,7 +197,7 @@ def rk4_step(params: QuadParams, state: QuadState, command, dt) -> QuadState:
     # imported here: quadjax.native generates its kernel from this module's rk4_step_c
     from quadjax.native import kernel_rk4_step
 
-    return kernel_rk4_step(params, state, command, dt, fallback=_rk4_step_xla)
+    return kernel_rk4_step(params, state, command, dt, fallback=rk4_step_xla)
 
 
 #: the library's steppers and their component forms

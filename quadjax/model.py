@@ -4,7 +4,7 @@ import jax.numpy as jnp
 
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax.mixer import allocation_matrix  # mixer does not import model: no cycle
-from quadjax.params import QuadParams, float_dtype
+from quadjax.params import QuadParams, model_dtype
 from quadjax.quadrotor import (
     body_wrench_c,
     effective_rotor_speeds_c,
@@ -12,7 +12,7 @@ from quadjax.quadrotor import (
     rotor_speed_derivative_c,
 )
 from quadjax.rigid_body import rigid_body_derivative_c
-from quadjax.state import QuadState
+from quadjax.state import QuadState, energy_dtype
 
 
 def derivative_c(params: QuadParams, state: QuadState, command, external=None) -> QuadState:
@@ -70,23 +70,36 @@ def hover_thrusts(params: QuadParams):
     The minimum-norm T with ΣTᵢ = m g and zero roll, pitch and yaw moment:
     T = Bᵀ (B Bᵀ)⁻¹ (m g, 0, 0, 0), B the 4×R map from thrusts to (F, τx, τy, τz)
     (:func:`quadjax.mixer.allocation_matrix`).
-    Equal thrusts for a symmetric layout. Per vehicle (vmap for batches).
+    Equal thrusts for a symmetric layout. Per vehicle (vmap for batches). In the params'
+    dtype; 16-bit params are trimmed in float32 and the result rounded once.
     """
-    B = allocation_matrix(params)  # the mixer's B: it reads only rotor_positions, rotor_spins and k_m
-    target = jnp.zeros(4, dtype=B.dtype).at[0].set(params.mass * params.gravity)
+    return _hover_thrusts_wide(params).astype(params.mass.dtype)
+
+
+def _hover_thrusts_wide(params: QuadParams):
+    """:func:`hover_thrusts` in the params' dtype, or float32 for 16-bit params (the trim solve,
+    LAPACK's, has no reduced-precision form)."""
+    wide = params.astype(jnp.promote_types(params.mass.dtype, jnp.float32))
+    B = allocation_matrix(wide)  # the mixer's B: it reads only rotor_positions, rotor_spins and k_m
+    target = jnp.zeros(4, dtype=B.dtype).at[0].set(wide.mass * wide.gravity)
     return B.T @ jnp.linalg.solve(B @ B.T, target)
 
 
 def hover_rotor_speed(params: QuadParams):
-    """Rotor speeds (R,) [rad/s] that hover the vehicle at full battery: ωᵢ = √(Tᵢ / k_f)."""
-    return jnp.sqrt(hover_thrusts(params) / params.k_f)
+    """Rotor speeds (R,) [rad/s] that hover the vehicle at full battery: ωᵢ = √(Tᵢ / k_f), in
+    the params' dtype (for 16-bit params: computed in float32, rounded once)."""
+    wide = _hover_thrusts_wide(params)
+    return jnp.sqrt(wide / params.k_f.astype(wide.dtype)).astype(params.mass.dtype)
 
 
 def hover_state(params: QuadParams, position=(0.0, 0.0, 0.0)) -> QuadState:
-    """Level, still, airborne at ``position`` (3,) [m], rotors at hover speed, full battery."""
-    float_dtype(params.mass.dtype, "hover_state: params")  # the trim solve has no reduced-precision form
+    """Level, still, airborne at ``position`` (3,) [m], rotors at hover speed, full battery.
+
+    In the params' dtype (any of :data:`quadjax.params.MODEL_DTYPES`), the energy in
+    :func:`quadjax.state.energy_dtype` of it (float32 for 16-bit params: the wider accumulator).
+    """
+    dtype = model_dtype(params.mass.dtype, "hover_state: params")
     w = hover_rotor_speed(params)
-    dtype = w.dtype
     zero3 = jnp.zeros(3, dtype)
     return QuadState(
         position=jnp.asarray(position, dtype),
@@ -94,6 +107,6 @@ def hover_state(params: QuadParams, position=(0.0, 0.0, 0.0)) -> QuadState:
         attitude=jnp.asarray([1.0, 0.0, 0.0, 0.0], dtype),
         body_rates=zero3,
         rotor_speeds=w,
-        energy=jnp.zeros((), dtype),
+        energy=jnp.zeros((), energy_dtype(dtype)),
         on_ground=jnp.zeros((), dtype),
     )

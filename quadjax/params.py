@@ -87,14 +87,17 @@ class QuadParams:
         """Checked constructor. Raises ``ValueError`` naming the first bad field.
 
         ``inertia`` may be given as its diagonal (3,); ``drag_*`` and ``wind``
-        as scalars (broadcast to 3 axes). ``dtype`` (float32 or float64) defaults to JAX's
+        as scalars (broadcast to 3 axes). ``dtype`` (one of :data:`MODEL_DTYPES`: float32 or
+        float64, or bfloat16 or float16 for the model functions alone) defaults to JAX's
         default float (float32 unless x64 is enabled by the caller). The checks run on the
-        values as cast to it: ``k_f = 1e-50`` is 0 in float32, and refused there.
+        values as cast to it: ``k_f = 1e-50`` is 0 in float32, and refused there; every value
+        must be 0 or a normal number of the dtype (RP-1's k_f = 8.9e-7 is subnormal in
+        float16, whose smallest normal is 6.1e-5, and refused there).
         """
         raw = dict(locals())
         raw.pop("cls")
         raw.pop("dtype")
-        dtype = float_dtype(dtype if dtype is not None else jnp.zeros(()).dtype, "QuadParams.create")
+        dtype = model_dtype(dtype if dtype is not None else jnp.zeros(()).dtype, "QuadParams.create")
         values = {}
         for name, value in raw.items():
             try:
@@ -107,11 +110,9 @@ class QuadParams:
                 arr = np.full(3, float(arr))
             values[name] = arr
         _raise_on_bad(values)
-        cast = {k: np.asarray(v, dtype) for k, v in values.items()}
-        for name, ok in _value_checks({k: v.astype(np.float64) for k, v in cast.items()}, np).items():
-            if not np.all(ok):  # representable in float64, not in the target dtype (k_f = 1e-50 → 0)
-                raise ValueError(f"QuadParams.{name} = {values[name].tolist()} is {cast[name].tolist()} in {dtype}: "
-                                 f"must be {_BOUNDS.get(name, 'finite and >= 0')} there (use float64)")
+        with np.errstate(over="ignore"):  # a value past the dtype's range is inf there: refused below, by name
+            cast = {k: np.asarray(v, dtype) for k, v in values.items()}
+        _raise_on_unrepresentable(values, cast)
         return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in cast.items()})
 
     @property
@@ -120,28 +121,60 @@ class QuadParams:
         return self.rotor_spins.shape[-1]
 
     def astype(self, dtype) -> "QuadParams":
-        """The same parameters in another float dtype (float32 or float64)."""
-        dtype = float_dtype(dtype, "QuadParams.astype")
+        """The same parameters in another float dtype (one of :data:`MODEL_DTYPES`). A cast, not
+        a check: :func:`check_params` (or :func:`params_valid`) judges the result."""
+        dtype = model_dtype(dtype, "QuadParams.astype")
         return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), self)
 
 
-#: the dtypes quadjax computes in; reduced precision (float16, bfloat16) is not a supported
-#: mode: rp1's capacity is inf and k_p 0 in float16, and a bfloat16 energy stalls at 64 J
+#: the dtypes quadjax computes in everywhere (the engine, sensors, other vehicles, the kernel)
 FLOAT_DTYPES = (np.dtype("float32"), np.dtype("float64"))
+#: the dtypes the quadrotor model's pure functions also run in (:func:`quadjax.derivative`,
+#: :func:`quadjax.rk4_step`, :func:`quadjax.hover_state`, :func:`quadjax.state_violation`):
+#: reduced precision is a characterisation mode (docs/precision.md), with every parameter a
+#: normal number of the dtype (RP-1 is not representable in float16: its k_f is subnormal there)
+MODEL_DTYPES = FLOAT_DTYPES + (np.dtype(jnp.bfloat16), np.dtype("float16"))
+_REDUCED = "bfloat16 and float16 run only in the model functions (quadjax.derivative, rk4_step, hover_state)"
+
+
+def _as_dtype(dtype, where: str) -> np.dtype:
+    try:
+        return np.dtype(jnp.dtype(dtype))
+    except TypeError:
+        raise ValueError(f"{where}: dtype {dtype!r} is not a dtype; use float32 or float64") from None
 
 
 def float_dtype(dtype, where: str) -> np.dtype:
     """``dtype`` as a numpy dtype if it is float32 or float64, else a ValueError naming ``where``."""
-    try:
-        d = np.dtype(jnp.dtype(dtype))
-    except TypeError:
-        raise ValueError(f"{where}: dtype {dtype!r} is not a dtype; use float32 or float64") from None
+    d = _as_dtype(dtype, where)
     if d not in FLOAT_DTYPES:
-        raise ValueError(f"{where}: dtype {d}: quadjax computes in float32 or float64 only")
+        raise ValueError(f"{where}: dtype {d}: quadjax computes in float32 or float64 only here; {_REDUCED}")
     return d
 
 
+def model_dtype(dtype, where: str) -> np.dtype:
+    """``dtype`` as a numpy dtype if it is one of :data:`MODEL_DTYPES`, else a ValueError naming ``where``."""
+    d = _as_dtype(dtype, where)
+    if d not in MODEL_DTYPES:
+        raise ValueError(f"{where}: dtype {d}: quadjax computes in float32 or float64 ({_REDUCED})")
+    return d
+
+
+def normal_or_zero(x, xp=jnp):
+    """True where ``x`` is 0 or a normal number of its own float dtype (not subnormal; inf and
+    NaN are the finiteness checks' business). Read from the bits, because XLA's CPU backend
+    treats subnormal operands as zero, so ``|x| >= tiny`` cannot see them under jit."""
+    dtype = np.dtype(x.dtype)
+    info = np.finfo(dtype)
+    uint = np.dtype(f"uint{8 * dtype.itemsize}")
+    bits = x.view(uint) if xp is np else jax.lax.bitcast_convert_type(x, uint)
+    exponent = np.asarray(((1 << info.nexp) - 1) << info.nmant, uint)
+    magnitude = np.asarray((1 << (8 * dtype.itemsize - 1)) - 1, uint)  # all but the sign bit
+    return ((bits & exponent) != 0) | ((bits & magnitude) == 0)
+
+
 _VECTOR3 = ("drag_linear", "drag_quadratic", "drag_rotational", "wind")
+_MATRICES = ("inertia", "rotor_positions")
 _SCALARS = (
     "mass", "k_f", "k_m", "motor_tau", "omega_min", "omega_max", "rotor_inertia",
     "k_p", "battery_capacity", "battery_sag", "ground_z", "gravity",
@@ -237,15 +270,20 @@ _BOUNDS = {
 }
 
 
-def _raise_on_bad(values):
+def _raise_on_bad(values, own=None):
+    """The first bad field of float64 ``values``; with ``own`` (the same values in their own
+    dtypes), also the first that is not 0 or a normal number there, in field order."""
     shape_errors = _shape_errors(values)
     if shape_errors:
         name, msg = next(iter(shape_errors.items()))
         raise ValueError(f"QuadParams.{name}: {msg}")
+    normal = {} if own is None else _normal_checks(own, np)
     for name, ok in _value_checks(values, np).items():
         if not np.all(ok):
             bound = _BOUNDS.get(name, "finite and >= 0")
             raise ValueError(f"QuadParams.{name} = {values[name].tolist()}: must be {bound}")
+        if name in normal and not np.all(normal[name]):
+            raise _subnormal_error(name, values[name], own[name])
     _raise_on_singular_layout(values)
 
 
@@ -270,15 +308,52 @@ def _raise_on_singular_layout(values):
         raise ValueError(f"QuadParams.rotor_positions/rotor_spins: singular allocation: {why}")
 
 
+def _normal_checks(p, xp):
+    """Field → boolean array of the batch shape: every value 0 or a normal number of its dtype."""
+    def rank(name):
+        return 2 if name in _MATRICES else 1 if name in _VECTOR3 or name == "rotor_spins" else 0
+
+    out = {}
+    for name, x in p.items():
+        ok = normal_or_zero(x, xp)
+        n = rank(name)
+        out[name] = xp.all(ok.reshape(ok.shape[: ok.ndim - n] + (-1,)), axis=-1) if n else ok
+    return out
+
+
+def _subnormal_error(name, value, cast) -> ValueError:
+    dtype = cast.dtype
+    return ValueError(f"QuadParams.{name} = {value.tolist()} is {cast.astype(np.float64).tolist()} in {dtype}, a "
+                      f"subnormal number there: every parameter must be 0 or a normal number of its dtype, |x| >= "
+                      f"{float(np.finfo(dtype).smallest_normal):.4g} (the smallest normal of {dtype})"
+                      + (" (use float32 or float64)" if dtype.itemsize < 4 else ""))
+
+
+def _raise_on_unrepresentable(values, cast):
+    """The checks on the values as cast to their dtype, field by field in order: within the
+    bounds there (``k_f = 1e-50`` is 0 in float32) and 0 or a normal number there (RP-1's
+    ``k_f = 8.9e-7`` is subnormal in float16). ``values``: float64, ``cast``: the dtype's."""
+    bounds = _value_checks({k: v.astype(np.float64) for k, v in cast.items()}, np)
+    normal = _normal_checks(cast, np)
+    for name in cast:
+        if not np.all(bounds[name]):  # representable in float64, not in the target dtype (k_f = 1e-50 → 0)
+            raise ValueError(f"QuadParams.{name} = {values[name].tolist()} is {cast[name].astype(np.float64).tolist()} "
+                             f"in {cast[name].dtype}: must be {_BOUNDS.get(name, 'finite and >= 0')} there (use float64)")
+        if not np.all(normal[name]):
+            raise _subnormal_error(name, values[name], cast[name])
+
+
 def check_params(params: "QuadParams") -> None:
     """Raise ``ValueError`` naming the first bad field of concrete params (I1, host side):
-    :meth:`QuadParams.create`'s checks, for params built another way."""
-    values = {f.name: np.asarray(getattr(params, f.name), np.float64) for f in dataclasses.fields(params)}
-    _raise_on_bad(values)
+    :meth:`QuadParams.create`'s checks, for params built another way (including every value
+    0 or a normal number of its own dtype)."""
+    own = {f.name: np.asarray(getattr(params, f.name)) for f in dataclasses.fields(params)}
+    _raise_on_bad({k: v.astype(np.float64) for k, v in own.items()}, own)
 
 
 def params_valid(params: QuadParams) -> jax.Array:
-    """Invariant I1: every parameter has its shape, is finite and within bounds.
+    """Invariant I1: every parameter has its shape, is finite and within bounds, and is 0 or a
+    normal number of its dtype.
 
     Works under jit and on batched params (leading axes, judged per vehicle):
     returns a bool array of the batch shape. A wrong shape gives a constant False.
@@ -289,5 +364,7 @@ def params_valid(params: QuadParams) -> jax.Array:
         return jnp.zeros(batch, dtype=bool)
     ok = jnp.ones(batch, dtype=bool)
     for good in _value_checks({k: jnp.asarray(v) for k, v in p.items()}, jnp).values():
+        ok = ok & good
+    for good in _normal_checks({k: jnp.asarray(v) for k, v in p.items()}, jnp).values():
         ok = ok & good
     return ok

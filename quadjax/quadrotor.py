@@ -64,8 +64,17 @@ def effective_rotor_speeds(params: QuadParams, rotor_speeds, command):
 
 
 def battery_scale(params: QuadParams, energy):
-    """s = 1 − sag · min(E / capacity, 1): thrust lost as the battery drains (dimensionless)."""
-    return 1.0 - params.battery_sag * jnp.minimum(energy / params.battery_capacity, 1.0)
+    """s = 1 − sag · min(E / capacity, 1): thrust lost as the battery drains (dimensionless).
+
+    A 16-bit state keeps its energy in float32 (the accumulator,
+    :func:`quadjax.state.energy_dtype`): with 16-bit params the charge fraction is rounded back
+    to their dtype here, so that the thrust, and with it the rest of the state, stays 16-bit.
+    """
+    charge = jnp.minimum(energy / params.battery_capacity, 1.0)
+    dtype = jnp.result_type(params.battery_capacity)
+    if jnp.finfo(dtype).bits < 32:
+        charge = charge.astype(dtype)
+    return 1.0 - params.battery_sag * charge
 
 
 def rotor_thrusts_c(params: QuadParams, rotor_speeds, energy):

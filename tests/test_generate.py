@@ -21,7 +21,7 @@ import pytest
 import quadjax as qj
 import quadjax.quadrotor
 from quadjax.native.generate import Layout, UnsupportedPrimitive, generate
-from quadjax.integrators import _rk4_step_xla as XLA_STEP
+from quadjax.integrators import rk4_step_xla as XLA_STEP
 from tests.helpers import varied_fleet
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")

@@ -41,16 +41,16 @@ def test_jit_matches_no_jit_bit_for_bit_without_fma(tmp_path):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         import quadjax as qj
-        from quadjax.integrators import _rk4_step_xla  # the XLA form (qj.rk4_step runs the kernel on the CPU)
+        from quadjax.integrators import rk4_step_xla  # the XLA form (qj.rk4_step runs the kernel on the CPU)
         from tests.helpers import busy_params, busy_state, command_for, leaves_equal
         for dtype in (jnp.float32, jnp.float64):
             p = busy_params(dtype); s = busy_state(p, dtype); u = command_for(p)
             leaves_equal(qj.rk4_step(p, s, u, 1e-3), jax.jit(qj.rk4_step)(p, s, u, 1e-3))
-            leaves_equal(_rk4_step_xla(p, s, u, 1e-3), jax.jit(_rk4_step_xla)(p, s, u, 1e-3))
+            leaves_equal(rk4_step_xla(p, s, u, 1e-3), jax.jit(rk4_step_xla)(p, s, u, 1e-3))
             leaves_equal(qj.derivative(p, s, u), jax.jit(qj.derivative)(p, s, u))
             eager = s
             for _ in range(5):  # op by op is slow; 5 steps already exercise the scan's carry
-                eager = _rk4_step_xla(p, eager, u, 1e-3)
+                eager = rk4_step_xla(p, eager, u, 1e-3)
             xla = qj.SimConfig(backend="xla")
             run = jax.jit(lambda p, s, u: qj.simulate(p, s, 1e-3, commands=u, config=xla).final)
             leaves_equal(eager, run(p, s, jnp.tile(u, (5, 1))))

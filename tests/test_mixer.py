@@ -32,8 +32,8 @@ from quadjax.mixer import (
     wrench,
 )
 from quadjax.quadrotor import rotor_thrusts
+from quadjax.verify.scenarios import SEED_REPORTS, SEED_TRANSITIONS, SWEEP_F, SWEEP_TORQUE, sweep_transitions
 
-SWEEP_TORQUE = (0.5, 0.2, 0.1)  # N·m, seed 002's throttle sweep
 
 
 # --- vehicles -------------------------------------------------------------------------------------
@@ -372,11 +372,6 @@ def sweep(name, torque, F):
     return out, report
 
 
-def transitions(F, report):
-    changed = np.flatnonzero(np.any(report[1:] != report[:-1], axis=1))
-    return 0.5 * (F[changed] + F[changed + 1]), [tuple(report[0])] + [tuple(report[i + 1]) for i in changed]
-
-
 def pair_transitions(d_a, d_b, Y, lo, hi):
     """The four sweep transitions [N] from the seed's steps, for |d_a| > |d_b|, Y > 0, σ = 1:
     collective raised below 4 L_a (no room for yaw), yaw whole from 4 (L_a + Y), cut again
@@ -395,7 +390,6 @@ def test_rp1_preset_reproduces_the_seed_geometry():
     assert mp.layout == MixerLayout("quad_x", (0, 1, 2, 3))
 
 
-SWEEP_F = np.arange(0.0, 52.0 + 1e-9, 0.01)
 
 
 @functools.cache
@@ -403,16 +397,15 @@ def rp1_sweep():
     return sweep("rp1", SWEEP_TORQUE, SWEEP_F)
 
 
-def test_throttle_sweep_transitions_and_report():
-    """Seed 002: τ = (0.5, 0.2, 0.1) N·m held, F 0 → 52 N: transitions at 9.0, 15.4, 38.0,
-    41.6 N (±0.3 N); airmode −1 and yaw cut at the bottom, zeros between, collective +1 and
-    yaw cut at the top; roll and pitch never cut."""
+def test_throttle_sweep_transitions_where_the_seeds_steps_put_them():
+    """Seed 002's sweep against the seed (±0.3 N, the report, roll and pitch never cut) is
+    quadjax verify's mixer_throttle_sweep (tests/test_verify.py); here, through this file's own
+    batched probe, the transitions sit where the seed's three steps put them exactly for rp1's
+    geometry (a = 0.7/9, k_m = 0.1/6.4, T_max = 12) and the report on each stretch is the seed's."""
     out, report = rp1_sweep()
-    where, reports = transitions(SWEEP_F, report)
-    assert_within(where, [9.0, 15.4, 38.0, 41.6], 0.3)
-    assert reports == [(0, 0, 1, -1), (0, 0, 1, 0), (0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 1, 1)]
-    assert np.all(out.rp_scale == 1.0)
-    # and where the seed's steps put them exactly (a = 0.7/9, k_m = 0.1/6.4, T_max = 12)
+    where, reports = sweep_transitions(SWEEP_F, report)
+    assert reports == list(SEED_REPORTS)
+    assert_within(where, SEED_TRANSITIONS, 0.3)
     a = 0.7 / 9.0
     d_a, d_b, Y = -(0.5 + 0.2) / (4 * a), (0.5 - 0.2) / (4 * a), 0.1 / (4 * 0.1 / 6.4)
     assert_within(where, pair_transitions(d_a, d_b, Y, 0.0, 12.0), 0.006)
@@ -457,7 +450,7 @@ def test_plus_layout_keeps_the_same_priority():
     expected = pair_transitions(torque[1] / (2 * d), torque[0] / (2 * d), torque[2] / (4 * k_m), 0.0, hi)
     F = np.arange(0.0, 13.0, 0.002)
     _, report = sweep("cmu_plus", torque, F)
-    where, reports = transitions(F, report)
+    where, reports = sweep_transitions(F, report)
     assert_within(where, expected, 0.002)
     assert reports == [(0, 0, 1, -1), (0, 0, 1, 0), (0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 1, 1)]
     # roll beyond reach: σ < 1 cuts roll and pitch alike, direction kept; the roll pair is

@@ -340,7 +340,7 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
     """``lax.scan(jax.vmap(rk4_step))`` on the CPU lowers to the kernel (one call per step for
     the batch, on the state's leaves as they are), equals the XLA form of the step, and equals the engine's kernel rollout bit
     for bit (one generated step, whatever calls it)."""
-    from quadjax.integrators import _rk4_step_xla
+    from quadjax.integrators import rk4_step_xla
 
     T, R = 20, 4
     fleet = varied_fleet(R, 11, dtype, seed=3)
@@ -349,7 +349,7 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
     u = jnp.stack([u[None] * rng.uniform(0.9, 1.1, (T, R)) for _, _, u, _ in fleet]).astype(dtype)
     mine = jax.jit(_scan_of_vmapped(qj.rk4_step))
     assert "quadjax_step_" in mine.lower(ps, s, u, dt).as_text()
-    xla = jax.jit(_scan_of_vmapped(_rk4_step_xla))
+    xla = jax.jit(_scan_of_vmapped(rk4_step_xla))
     assert "quadjax_" not in xla.lower(ps, s, u, dt).as_text()
     got = mine(ps, s, u, dt)
     leaves_close(got, xla(ps, s, u, dt), **TOL[jnp.float64 if dtype == "float64" else jnp.float32])
@@ -358,7 +358,7 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
     leaves_equal(got, engine(ps, s, u, dt))
     # leading batch dims without vmap broadcast as in the XLA form
     one = fleet[0][0]  # one params for the whole batch
-    leaves_close(jax.jit(qj.rk4_step)(one, s, u[:, 0], dt), jax.jit(_rk4_step_xla)(one, s, u[:, 0], dt),
+    leaves_close(jax.jit(qj.rk4_step)(one, s, u[:, 0], dt), jax.jit(rk4_step_xla)(one, s, u[:, 0], dt),
                  **TOL[jnp.float64 if dtype == "float64" else jnp.float32])
 
 
@@ -366,7 +366,7 @@ def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences(
     """grad, jvp, jacfwd, vmap(grad) and checkpoint of a loss over a scan of the kernel's
     rk4_step run in the adjoint / tangent kernels and equal those of the XLA form (to 1e-10)
     and central finite differences."""
-    from quadjax.integrators import _rk4_step_xla
+    from quadjax.integrators import rk4_step_xla
 
     dtype, T = "float64", 30
     (p, s, u, dt), = varied_fleet(4, 1, dtype, seed=21)
@@ -379,7 +379,7 @@ def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences(
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
     args = (p.mass, p.k_f, s)
-    g_xla = jax.jit(jax.grad(lambda *a: loss(_rk4_step_xla, *a), argnums=(0, 1, 2)))(*args)
+    g_xla = jax.jit(jax.grad(lambda *a: loss(rk4_step_xla, *a), argnums=(0, 1, 2)))(*args)
     for remat in (False, True):
         grad = jax.jit(jax.grad(lambda *a: loss(qj.rk4_step, *a, remat), argnums=(0, 1, 2)))
         assert "quadjax_adjoint_" in grad.lower(*args).as_text()
@@ -388,11 +388,11 @@ def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences(
         move = lambda m, w: step(p.replace(mass=m), s.replace(body_rates=w), u, dt)
         return jax.jit(lambda: jax.jvp(move, (p.mass, s.body_rates), (jnp.ones((), dtype), jnp.ones(3, dtype)))[1])()
 
-    leaves_close(tangent(qj.rk4_step), tangent(_rk4_step_xla), rtol=1e-10, atol=1e-14)
+    leaves_close(tangent(qj.rk4_step), tangent(rk4_step_xla), rtol=1e-10, atol=1e-14)
     move = lambda m: qj.rk4_step(p.replace(mass=m), s, u, dt)  # noqa: E731
     assert "quadjax_tangent_" in jax.jit(lambda m: jax.jvp(move, (m,), (m,))[1]).lower(p.mass).as_text()
     jac = jax.jit(jax.jacfwd(lambda v: qj.rk4_step(p, s.replace(velocity=v), u, dt).position))(s.velocity)
-    jac_xla = jax.jit(jax.jacfwd(lambda v: _rk4_step_xla(p, s.replace(velocity=v), u, dt).position))(s.velocity)
+    jac_xla = jax.jit(jax.jacfwd(lambda v: rk4_step_xla(p, s.replace(velocity=v), u, dt).position))(s.velocity)
     np.testing.assert_allclose(jac, jac_xla, rtol=1e-10, atol=1e-14)
     masses = p.mass * jnp.asarray([0.9, 1.0, 1.1], dtype)
     per = jax.jit(jax.vmap(jax.grad(lambda m: loss(qj.rk4_step, m, p.k_f, s))))(masses)

@@ -13,35 +13,13 @@ import pytest
 import quadjax as qj
 from quadjax import frames
 from quadjax.quaternion import quat_multiply
+from quadjax.verify.scenarios import random_c4dynamics_case
 from tests.helpers import BACKENDS, simulate_open_loop
 
 c4d = pytest.importorskip("c4dynamics")
 from c4dynamics.eqm.quadcopter import quadeqm, quadforces  # noqa: E402
 
 N_STATES = 200
-
-
-def _random_case(rng):
-    """A random vehicle (c4dynamics struct + QuadParams) and a random airborne state."""
-    m, l_arm = rng.uniform(0.3, 3.0), rng.uniform(0.1, 0.4)
-    I = rng.uniform(2e-3, 5e-2, 3)
-    I[2] = rng.uniform(max(I[0], I[1]) * 1.05, I[0] + I[1])  # physical principal moments
-    kT, kQ = rng.uniform(1e-6, 1e-5), rng.uniform(0.01, 0.05)
-    A = rng.uniform(0.0, 0.5, 3)
-    Ar, IR = rng.uniform(0.0, 0.3), rng.uniform(1e-5, 1e-4)
-    wind = rng.uniform(-5, 5, 3)
-    quad = c4d.struct(m=m, g=9.81, l=l_arm, kT=kT, kQ=kQ * kT, Ixx=I[0], Iyy=I[1], Izz=I[2],
-                      Ax=A[0], Ay=A[1], Az=A[2], Ar=Ar, IR=IR, wind=wind)
-    params = qj.QuadParams.create(
-        mass=m, inertia=I, rotor_positions=qj.presets.quad_x_positions(l_arm),
-        rotor_spins=(1.0, 1.0, -1.0, -1.0), k_f=kT, k_m=kQ, omega_max=1e4,
-        drag_linear=A, drag_rotational=Ar, rotor_inertia=IR, gravity=9.81, wind=wind,
-        ground_z=-1e6, dtype=jnp.float64,
-    )
-    q = rng.normal(size=4)
-    x13 = np.concatenate([rng.uniform(-10, 10, 3), rng.uniform(-8, 8, 3), q / np.linalg.norm(q), rng.uniform(-6, 6, 3)])
-    omega = rng.uniform(0.0, 2.0, 4) * np.sqrt(m * 9.81 / 4 / kT)
-    return quad, params, x13, omega
 
 
 def _state(x13, omega):
@@ -61,7 +39,7 @@ def _assert_rel(ours, ref, rtol=1e-9):
 @pytest.fixture(scope="module")
 def cases():
     rng = np.random.default_rng(2026)
-    return [_random_case(rng) for _ in range(N_STATES)]
+    return [random_c4dynamics_case(rng, c4d) for _ in range(N_STATES)]
 
 
 @pytest.fixture(scope="module")
