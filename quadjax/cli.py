@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "sweep": ("quadjax.sweep.cli:sweep_main", "Monte Carlo sweep of randomised vehicles on a mission"),
     "fit": ("quadjax.sysid.cli:fit_main", "fit QuadParams leaves to flight logs (system identification)"),
     "verify": ("quadjax.verify.cli:verify_main", "run the verification scenarios and print their verdicts"),
+    "sitl": ("quadjax.sitl.cli:sitl_main", "fly a vehicle with the Betaflight SITL in the loop (lockstep), write its log"),
     "view": ("quadjax.player.cli:view_main", "write the trace player's HTML page for a sweep, repro file or log"),
     "bench": ("quadjax.cli:bench_main", "throughput benchmark (benchmarks/throughput.py of a source checkout)"),
 }
@@ -46,12 +47,25 @@ def presets_main(argv: list[str]) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed package's version (``quadjax.__version__``), read without importing JAX."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("quadjax")
+    except PackageNotFoundError:  # a source tree that was not installed
+        return "0.0.0+unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``quadjax`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"quadjax {version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         lines = "\n".join(f"  {name:10s} {help_}" for name, (_, help_) in SUBCOMMANDS.items())
-        print(f"usage: quadjax COMMAND [options]\n\ncommands:\n{lines}")
+        print(f"usage: quadjax COMMAND [options]\n       quadjax --version\n\ncommands:\n{lines}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     target, _ = SUBCOMMANDS[argv[0]]
     module, func = target.split(":")
