@@ -99,6 +99,13 @@ def _wait_drain(link):
     return link.drain()
 
 
+def test_only_quad_x_presets_are_flown():
+    for name in ("rp1", "iris", "crazyflie21", "crazyflie21_brushless", "c4dynamics_reference"):
+        bridge.check_quad_x(qj.presets.get(name))
+    with pytest.raises(ValueError, match="Quad X"):
+        bridge.check_quad_x(qj.presets.get("cmu_plus"))
+
+
 def test_no_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(firmware.shutil, "which", lambda name: None)
     with pytest.raises(sitl.SitlUnavailable, match="build-essential"):

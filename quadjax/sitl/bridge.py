@@ -239,6 +239,24 @@ class Flight:
 STICKS = ("roll", "pitch", "throttle", "yaw", "arm", "angle")
 
 
+#: PX4's Quad X, the layout the SITL's mixer drives (its motor order mapped to PX4's): each rotor's
+#: (sign of x, sign of y) in the body frame (FLU) and its spin (+1 CCW seen from above)
+QUAD_X = (((1, -1), (-1, 1), (1, 1), (-1, -1)), (1, 1, -1, -1))
+
+
+def check_quad_x(params: QuadParams) -> None:
+    """ValueError unless ``params`` is a Quad X in PX4's rotor order (any arm lengths and
+    angles): Betaflight's mixer is configured for it, and a '+' or other layout would be flown
+    with the wrong rotors."""
+    if params.num_rotors != 4:
+        raise ValueError(f"Betaflight's Quad X flies 4 rotors; these params have {params.num_rotors}")
+    signs = [tuple(int(v) for v in row) for row in np.sign(np.asarray(params.rotor_positions)[:, :2])]
+    spins = tuple(int(v) for v in np.sign(np.asarray(params.rotor_spins)))
+    if (tuple(signs), spins) != QUAD_X:
+        raise ValueError(f"Betaflight is configured for a Quad X in PX4 order (rotor quadrants {QUAD_X[0]}, spins "
+                         f"{QUAD_X[1]}); these params have quadrants {tuple(signs)} and spins {spins} (a '+' layout?)")
+
+
 def _stepper(params: QuadParams, a: float):
     """One jitted step: (state, outputs) → (next state, the next FDM fields, rotor command)."""
 
@@ -257,8 +275,7 @@ def fly(params: QuadParams, script, fc, link: Link, *, state0: QuadState | None 
     default; the params' dtype throughout. A SitlError when the FC has not armed :data:`ARM_WITHIN_S` after the
     script's arm switch (with its reasons)."""
     check_params(params)
-    if params.num_rotors != 4:
-        raise ValueError(f"fly: Betaflight's Quad X flies 4 rotors; these params have {params.num_rotors}")
+    check_quad_x(params)
     dtype = params.mass.dtype
     if state0 is None:
         state0 = QuadState.create(position=(0.0, 0.0, float(params.ground_z)), rotor_speeds=np.zeros(4),

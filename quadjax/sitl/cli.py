@@ -18,7 +18,7 @@ def sitl_main(argv: list[str]) -> int:
         epilog="The script (TOML): duration = S, then [[step]] tables with t and any of arm, angle (true/false), "
                "throttle [0, 1], roll, pitch, yaw [-1, 1], each held until the next step. Without --script: "
                "arm, climb at 1.1x the hover throttle in angle mode for 3 s, throttle down, disarm.")
-    ap.add_argument("--preset", default="rp1", help="the vehicle (quadjax presets lists them; 4 rotors)")
+    ap.add_argument("--preset", default="rp1", help="the vehicle (quadjax presets lists them; a Quad X: all but cmu_plus)")
     ap.add_argument("--script", metavar="TOML", help="the RC sequence (see below)")
     ap.add_argument("--out", default="results/sitl/flight.csv", help="the flight log (CSV, quadjax.logs schema)")
     ap.add_argument("--every", type=int, default=8, help="keep every Nth 125 µs step in the log (default 8: 1 kHz)")
@@ -29,9 +29,11 @@ def sitl_main(argv: list[str]) -> int:
     from quadjax import presets
     from quadjax.logs import save_csv
     from quadjax.sitl import DT, RcScript, SitlError, hover_throttle, run, takeoff_script
+    from quadjax.sitl.bridge import check_quad_x
 
     try:
         params = presets.get(args.preset)
+        check_quad_x(params)
         script = (RcScript.from_toml(args.script) if args.script
                   else takeoff_script(min(1.0, 1.1 * hover_throttle(params)), hold_s=3.0))
     except (ValueError, OSError) as err:
