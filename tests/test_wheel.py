@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -42,7 +43,12 @@ def _run(cmd, cwd, env=None, timeout=900):
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(REPO)], cwd=out)
+    # built from a snapshot of the tree: building in the checkout writes its egg-info and build/
+    # under the editable install, and other test workers' files come and go there meanwhile
+    src = tmp_path_factory.mktemp("src") / "quadjax"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "results", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis"))
+    _run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(src)], cwd=out)
     wheels, sdists = sorted(out.glob("quadjax-*.whl")), sorted(out.glob("quadjax-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
     return wheels[0], sdists[0]
