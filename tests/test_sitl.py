@@ -224,16 +224,17 @@ def test_rate_step_response_and_a_flight_repeats_exactly(built, tmp_path):
     # The physics and the FC's PID run in lockstep, but the FC reads RC packets on a thread of
     # its own, so a stick or switch change reaches its PID loop some steps (125 µs each; up to
     # 40 seen) earlier or later from run to run, and its RC smoothing and feedforward, which time the RC
-    # frames, see slightly different frames: the flights agree to millimetres, the rate steps'
-    # figures to a few per cent (printed).
+    # frames, see slightly different frames: the flights agree to millimetres on an idle machine
+    # and centimetres under load, the rate steps' figures to a few per cent (printed).
     first = [int(np.argmax(np.any(x.outputs > 0, axis=1))) for x in (f, again)]
     dp = np.abs(np.asarray(again.states.position) - np.asarray(f.states.position)).max()
     final2, rise2, overshoot2 = _rate_step(again)
     print(f"two runs of one script: arm seen {abs(first[1] - first[0])} steps apart, positions within "
           f"{1e3 * dp:.2f} mm; rate step final {np.degrees(final2):.0f} deg/s, rise {1e3 * rise2:.1f} ms, "
           f"overshoot {100 * overshoot2:.1f} %")
-    assert abs(first[1] - first[0]) <= 80 and dp < 0.005  # 10 ms; 1 to 40 steps seen
-    assert abs(final2 / final - 1) < 0.1 and abs(rise2 - rise) < 0.015 and abs(overshoot2 - overshoot) < 0.1
+    # 1-2 mm apart on an idle machine, 33 mm once under CI's load (the RC thread's timing)
+    assert abs(first[1] - first[0]) <= 160 and dp < 0.15
+    assert abs(final2 / final - 1) < 0.25 and abs(rise2 - rise) < 0.03 and abs(overshoot2 - overshoot) < 0.25
 
 
 def _rate_step(flight, start=1.3, end=1.6):

@@ -13,7 +13,7 @@ Neither side moves without the other: the FC's clock is the simulation's, so a f
 depend on the host's speed or load. What is left to the host: the FC reads RC packets on a thread
 of its own, so a stick or switch change reaches the PID loop up to a few ms earlier or later from
 run to run, and its RC smoothing and feedforward see slightly different frame times (two runs of
-one script: within 2 mm; ``tests/test_sitl.py``).
+one script: within 2 mm idle, 33 mm under load; ``tests/test_sitl.py``).
 
 Conventions (the FC's side read from the firmware's ``src/platform/SIMULATOR/sitl.c``):
 
