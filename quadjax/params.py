@@ -109,10 +109,9 @@ class QuadParams:
             if name in _VECTOR3 and arr.shape == ():
                 arr = np.full(3, float(arr))
             values[name] = arr
-        _raise_on_bad(values)
         with np.errstate(over="ignore"):  # a value past the dtype's range is inf there: refused below, by name
             cast = {k: np.asarray(v, dtype) for k, v in values.items()}
-        _raise_on_unrepresentable(values, cast)
+        _raise_on_bad(values, cast)
         return cls(**{k: jnp.asarray(v, dtype=dtype) for k, v in cast.items()})
 
     @property
@@ -271,17 +270,24 @@ _BOUNDS = {
 
 
 def _raise_on_bad(values, own=None):
-    """The first bad field of float64 ``values``; with ``own`` (the same values in their own
-    dtypes), also the first that is not 0 or a normal number there, in field order."""
+    """The first bad field of float64 ``values``, in field order; with ``own`` (the same values
+    in their own dtype), also the first that is out of bounds there (``k_f = 1e-50`` is 0 in
+    float32) or neither 0 nor a normal number there (RP-1's ``k_f = 8.9e-7`` is subnormal in
+    float16)."""
     shape_errors = _shape_errors(values)
     if shape_errors:
         name, msg = next(iter(shape_errors.items()))
         raise ValueError(f"QuadParams.{name}: {msg}")
+    checks = _value_checks(values, np)
+    there = {} if own is None else _value_checks({k: v.astype(np.float64) for k, v in own.items()}, np)
     normal = {} if own is None else _normal_checks(own, np)
-    for name, ok in _value_checks(values, np).items():
-        if not np.all(ok):
-            bound = _BOUNDS.get(name, "finite and >= 0")
+    for name in values:
+        bound = _BOUNDS.get(name, "finite and >= 0")
+        if name in checks and not np.all(checks[name]):
             raise ValueError(f"QuadParams.{name} = {values[name].tolist()}: must be {bound}")
+        if name in there and not np.all(there[name]):  # representable in float64, not in the dtype
+            raise ValueError(f"QuadParams.{name} = {values[name].tolist()} is {own[name].astype(np.float64).tolist()} "
+                             f"in {own[name].dtype}: must be {bound} there (use float64)")
         if name in normal and not np.all(normal[name]):
             raise _subnormal_error(name, values[name], own[name])
     _raise_on_singular_layout(values)
@@ -327,20 +333,6 @@ def _subnormal_error(name, value, cast) -> ValueError:
                       f"subnormal number there: every parameter must be 0 or a normal number of its dtype, |x| >= "
                       f"{float(np.finfo(dtype).smallest_normal):.4g} (the smallest normal of {dtype})"
                       + (" (use float32 or float64)" if dtype.itemsize < 4 else ""))
-
-
-def _raise_on_unrepresentable(values, cast):
-    """The checks on the values as cast to their dtype, field by field in order: within the
-    bounds there (``k_f = 1e-50`` is 0 in float32) and 0 or a normal number there (RP-1's
-    ``k_f = 8.9e-7`` is subnormal in float16). ``values``: float64, ``cast``: the dtype's."""
-    bounds = _value_checks({k: v.astype(np.float64) for k, v in cast.items()}, np)
-    normal = _normal_checks(cast, np)
-    for name in cast:
-        if not np.all(bounds[name]):  # representable in float64, not in the target dtype (k_f = 1e-50 → 0)
-            raise ValueError(f"QuadParams.{name} = {values[name].tolist()} is {cast[name].astype(np.float64).tolist()} "
-                             f"in {cast[name].dtype}: must be {_BOUNDS.get(name, 'finite and >= 0')} there (use float64)")
-        if not np.all(normal[name]):
-            raise _subnormal_error(name, values[name], cast[name])
 
 
 def check_params(params: "QuadParams") -> None:

@@ -105,9 +105,15 @@ def quat_from_axis_angle(axis, angle):
 
 
 def quat_angle_between(a, b):
-    """Geodesic angle [rad] between two attitudes, in [0, π]; sign of q ignored."""
-    d = jnp.abs(jnp.sum(a * b, axis=-1))
-    return 2.0 * jnp.arccos(jnp.clip(d, 0.0, 1.0))
+    """Geodesic angle [rad] between two attitudes, in [0, π]; sign of q ignored.
+
+    2 atan2(‖v‖, |w|) of (w, v) = a* ⊗ b, both normalised first: accurate to rounding at every
+    angle, where 2 arccos(|a·b|) resolves no better than √(2ε) near 0 (5e-4 rad in float32) and
+    a 16-bit dot product that rounds past 1 clips to 0. Its gradient is 0 (not NaN) at a = b."""
+    d = quat_multiply(quat_conjugate(quat_normalize(a)), quat_normalize(b))
+    v2 = jnp.sum(d[..., 1:] ** 2, axis=-1)
+    moved = v2 > 0
+    return jnp.where(moved, 2.0 * jnp.arctan2(jnp.sqrt(jnp.where(moved, v2, 1.0)), jnp.abs(d[..., 0])), 0.0)
 
 
 def quat_from_matrix(R):

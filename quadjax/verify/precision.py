@@ -38,7 +38,7 @@ from quadjax.invariants import INVARIANT_IDS, state_violation
 from quadjax.model import hover_rotor_speed, hover_state
 from quadjax.integrators import rk4_step
 from quadjax.params import model_dtype
-from quadjax.quaternion import quat_conjugate, quat_multiply, quat_normalize
+from quadjax.quaternion import quat_angle_between
 from quadjax.state import QuadState
 
 SCENARIOS = ("hover", "yaw_spin", "precession")
@@ -176,14 +176,9 @@ def _row(dtype, accumulator, scenario, n, ref, got, k, j, code, at):
 
 
 def _angle(q, q_ref) -> float:
-    """The rotation angle [rad] from ``q_ref`` to ``q`` (float64): 2 atan2(‖v‖, |w|) of
-    q_ref* ⊗ q, both normalised first. Not arccos(q · q_ref): a 16-bit quaternion is unit only
-    to 8 ε, its dot product can pass 1 and clip to 0 rad, and arccos resolves no better than
-    ~3e-8 rad near 0 in float64."""
-    if np.array_equal(q, q_ref):
-        return 0.0
-    d = np.asarray(quat_multiply(quat_conjugate(quat_normalize(jnp.asarray(q_ref))), quat_normalize(jnp.asarray(q))))
-    return float(2.0 * np.arctan2(np.linalg.norm(d[1:]), abs(d[0])))
+    """The rotation angle [rad] from ``q_ref`` to ``q``, in float64 (:func:`quat_angle_between`:
+    a 16-bit quaternion is unit only to 8 ε, and arccos of a dot product would clip it)."""
+    return float(quat_angle_between(jnp.asarray(q, jnp.float64), jnp.asarray(q_ref, jnp.float64)))
 
 
 def _label(row) -> str:
