@@ -37,11 +37,13 @@ def test_fdm_fields_are_the_firmware_conventions():
     p = qj.presets.rp1(dtype="float64")
     s = qj.QuadState.create(position=(0, 0, 5.0), body_rates=(0.1, 0.2, 0.3), rotor_speeds=qj.hover_rotor_speed(p),
                             dtype="float64")
-    gyro, accel, q, v = (np.asarray(x) for x in bridge.fdm_fields(p, s, qj.hover_rotor_speed(p)))
+    fields = np.asarray(bridge.fdm_fields(p, s, qj.hover_rotor_speed(p)))
+    gyro, accel, q, v, position = np.split(fields, [3, 6, 10, 13])
+    np.testing.assert_array_equal(position, s.position)
     np.testing.assert_allclose(gyro, [0.1, -0.2, -0.3])
     np.testing.assert_allclose(accel[:2], 0.0, atol=1e-9)
     assert accel[2] == pytest.approx(-float(p.gravity), rel=1e-6)  # hovering: the FC reads +1 g on z
-    packet = bridge.FDM.unpack(bridge._pack_fdm(1.5, (gyro, accel, q, v), np.asarray(s.position)))
+    packet = bridge.FDM.unpack(bridge.pack_fdm(1.5, fields))
     lon, lat, alt = packet[14:17]
     assert (lon, lat) == pytest.approx(bridge.HOME[:2]) and alt == pytest.approx(bridge.HOME[2] + 5.0)
     assert packet[17] == pytest.approx(frames.isa_pressure(alt))

@@ -37,6 +37,7 @@ Conventions (the FC's side read from the firmware's ``src/platform/SIMULATOR/sit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import select
 import socket
 import struct
@@ -46,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quadjax import frames
+from quadjax import frames, presets
 from quadjax.integrators import rk4_step
 from quadjax.model import hover_rotor_speed
 from quadjax.params import QuadParams, check_params
@@ -86,17 +87,28 @@ def motors_to_rotor_speeds(outputs, params: QuadParams, a: float = THROTTLE_A):
 
 
 def fdm_fields(params: QuadParams, state: QuadState, command):
-    """The FDM packet's fields (after the timestamp) for ``state`` under ``command`` (for the
-    accelerometer): gyro FRD, −specific force FLU, q NED/FRD, velocity ENU (the position and
-    pressure are packed by :func:`_pack_fdm`)."""
+    """The FDM packet's fields for ``state`` under ``command`` (for the accelerometer), as one
+    (16,) vector (one transfer to the host a step): gyro FRD (3), −specific force FLU (3),
+    q NED/FRD (4), velocity ENU (3), position ENU (3; :func:`pack_fdm` makes it geodetic)."""
     f = specific_force(params, state, command, jnp.zeros(3, state.position.dtype))
-    return frames.flu_to_frd(state.body_rates), -f, frames.quat_enu_flu_to_ned_frd(state.attitude), state.velocity
+    return jnp.concatenate([frames.flu_to_frd(state.body_rates), -f, frames.quat_enu_flu_to_ned_frd(state.attitude),
+                            state.velocity, state.position])
 
 
-def _pack_fdm(t, fields, position):
-    gyro, accel, q, velocity = (np.asarray(x, np.float64) for x in fields)
-    geo = frames.enu_to_geodetic(position, HOME)
-    return FDM.pack(t, *gyro, *accel, *q, *velocity, *geo, float(frames.isa_pressure(geo[2])))
+def pack_fdm(t: float, fields) -> bytes:
+    """The FDM packet stamped ``t`` [s] from :func:`fdm_fields`: the position as (longitude,
+    latitude, altitude) about :data:`HOME`, and the ISA pressure of that altitude."""
+    x = np.asarray(fields, np.float64)
+    geo = frames.enu_to_geodetic(x[13:16], HOME)
+    return FDM.pack(t, *x[:13], *geo, float(frames.isa_pressure(geo[2])))
+
+
+@functools.cache
+def rest_packet() -> bytes:
+    """The FDM packet of a vehicle (rp1) resting level on the ground at the origin."""
+    p = presets.rp1(dtype=np.float32)
+    s = QuadState.create(on_ground=1.0, rotor_speeds=np.zeros(4), dtype=np.float32)
+    return pack_fdm(0.0, fdm_fields(p, s, jnp.zeros(4, np.float32)))
 
 
 def rc_channels(sticks: dict) -> list[int]:
@@ -125,8 +137,6 @@ class Link:
         self.motors.setblocking(False)
         self.t, self.shift = 0.0, 0.0
         self.rc = rc_channels({})
-        self.rest = FDM.pack(0.0, 0, 0, 0, 0, 0, -9.80665, 1, 0, 0, 0, 0, 0, 0, *frames.enu_to_geodetic((0, 0, 0), HOME),
-                             float(frames.isa_pressure(HOME[2])))
 
     def __enter__(self):
         return self
@@ -141,7 +151,6 @@ class Link:
     def send(self, t: float, fdm: bytes) -> None:
         self.out.sendto(RC.pack(t, *self.rc), (HOST, PORTS["rc"]))
         self.out.sendto(struct.pack("<d", t) + fdm[8:], (HOST, PORTS["state"]))
-
 
     def drain(self) -> list:
         """Every motor packet waiting, unpacked; a packet of the wrong size or with values
@@ -159,21 +168,18 @@ class Link:
                 raise SitlError(f"a motor packet with outputs {out} outside [0, 1] from the SITL")
             got.append(out)
 
-    def idle(self, seconds: float, fdm: bytes | None = None, rate_hz: float = 1000.0, clock_ratio: float = 1.0) -> int:
-        """State packets for ``seconds`` of wall time, ``rate_hz`` of them a second, their
-        timestamps advancing ``clock_ratio`` times as fast as wall time: the vehicle at rest (or
-        ``fdm``), nobody waiting for the FC's answers. Returns the motor packets seen. The FC's
-        clock follows the timestamps (the patched SITL), so this runs it at ``clock_ratio`` × real time."""
-        seen, start, n, period = 0, time.perf_counter(), 0, 1.0 / rate_hz
+    def idle(self, seconds: float) -> None:
+        """Packets of a vehicle at rest (:func:`rest_packet`) at real time for ``seconds``, one a
+        millisecond, nobody waiting for the FC's answers (dropped): the FC's clock follows their
+        timestamps, so this runs it at real time, for its CLI and its boot."""
+        start, n, rest = time.perf_counter(), 0, rest_packet()
         while time.perf_counter() - start < seconds:
-            self.t += clock_ratio * period
-            self.send(self.t, fdm or self.rest)
+            self.t += 1e-3
+            self.send(self.t, rest)
             n += 1
-            seen += len(self.drain())
-            wake = start + n * period
-            while time.perf_counter() < wake:
+            self.drain()
+            while time.perf_counter() < start + n * 1e-3:
                 pass
-        return seen
 
     def exchange(self, fdm: bytes, *, resend_after: float = 0.002, give_up_after: float = 5.0, alive=None):
         """Lockstep: send ``fdm`` stamped t + DT and wait for the FC's motor packet. Without an
@@ -207,14 +213,14 @@ class Link:
 class Flight:
     """A flight's record on the step grid (T steps of ``dt``): ``t`` (T,) s; ``states`` (a
     QuadState of (T, ...) arrays, the state at t); ``outputs`` (T, 4) the FC's motor outputs
-    in [0, 1], PX4 order; ``commands`` (T, 4) rotor-speed commands [rad/s]; ``sticks`` (T, 6)
+    in [0, 1], PX4 order (:func:`motors_to_rotor_speeds` of them: the rotor-speed commands);
+    ``sticks`` (T, 6)
     roll, pitch, throttle, yaw, arm, angle as sent; ``resends`` (T,) packets sent again before
     the FC answered; ``wall_s`` the flight's wall time."""
 
     t: np.ndarray
     states: QuadState
     outputs: np.ndarray
-    commands: np.ndarray
     sticks: np.ndarray
     resends: np.ndarray
     dt: float
@@ -258,12 +264,12 @@ def check_quad_x(params: QuadParams) -> None:
 
 
 def _stepper(params: QuadParams, a: float):
-    """One jitted step: (state, outputs) → (next state, the next FDM fields, rotor command)."""
+    """One jitted step: (state, outputs) → (next state, the next FDM fields)."""
 
     def step(state, outputs):
         command = motors_to_rotor_speeds(outputs, params, a)
         after = rk4_step(params, state, command, DT)
-        return after, fdm_fields(params, after, command), command
+        return after, fdm_fields(params, after, command)
 
     return jax.jit(step)
 
@@ -285,33 +291,31 @@ def fly(params: QuadParams, script, fc, link: Link, *, state0: QuadState | None 
     step(state0, np.zeros(4, dtype))  # compiled before the FC starts waiting on it
     n = int(round(script.duration / DT))
     link.rc = rc_channels(script.at(0.0))
-    warm_up(link, _pack_fdm(0.0, fields0, np.asarray(state0.position)))
+    warm_up(link, pack_fdm(0.0, fields0))
 
-    rows = {k: np.zeros((n, 4)) for k in ("outputs", "commands")}
-    sticks, resends, states = np.zeros((n, len(STICKS))), np.zeros(n, np.int32), []
+    outputs, sticks, resends, states = np.zeros((n, 4)), np.zeros((n, len(STICKS))), np.zeros(n, np.int32), []
     state, fields, armed_since = state0, fields0, None
     start = time.perf_counter()
     for k in range(n):
         now = k * DT
         stick = script.at(now)
         link.rc = rc_channels(stick)
-        sticks[k] = [float(stick.get(name, name == "angle")) for name in STICKS]
+        sticks[k] = [float(stick[name]) for name in STICKS]
         states.append(state)
-        out, resends[k] = link.exchange(_pack_fdm(0.0, fields, np.asarray(state.position)), alive=fc.alive)
-        state, fields, command = step(state, np.asarray(out, dtype))
-        rows["outputs"][k] = out
-        rows["commands"][k] = np.asarray(command)
+        out, resends[k] = link.exchange(pack_fdm(0.0, fields), alive=fc.alive)
+        state, fields = step(state, np.asarray(out, dtype))
+        outputs[k] = out
         armed_since = (armed_since if armed_since is not None else now) if stick["arm"] else None
         if (armed_since is not None and abs(now - armed_since - ARM_WITHIN_S) < DT / 2
-                and not np.any(rows["outputs"][k - 5:k + 1])):
+                and not np.any(outputs[k - 5:k + 1])):
             raise SitlError(f"the FC did not arm within {ARM_WITHIN_S} s of the arm switch (t = {armed_since:.3f} s): "
                             f"{arming_report(fc, link)}")
         if progress is not None and k % 8000 == 0:
             progress(k, n)
     wall = time.perf_counter() - start
     stacked = jax.tree_util.tree_map(lambda *x: np.stack([np.asarray(v) for v in x]), *states)
-    return Flight(t=DT * np.arange(n), states=stacked, outputs=rows["outputs"], commands=rows["commands"],
-                  sticks=sticks, resends=resends, dt=DT, wall_s=wall)
+    return Flight(t=DT * np.arange(n), states=stacked, outputs=outputs, sticks=sticks, resends=resends, dt=DT,
+                  wall_s=wall)
 
 
 def warm_up(link: Link, fdm: bytes, seconds: float = WARMUP_S) -> None:

