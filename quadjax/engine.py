@@ -83,8 +83,10 @@ class SimConfig:
         outputs are kept whenever ``save_every`` > 0.
     checkpoint: rematerialise each tick in the backward pass (``jax.checkpoint``): reverse-mode
         memory drops to one carry per tick. (The kernel's reverse sweep bounds its own memory.)
-    backend: ``"auto"`` (the native CPU kernel where it applies, else XLA), ``"xla"``, or
-        ``"native"`` (the kernel, or a ValueError saying why it does not apply).
+    backend: ``"auto"`` (the generated kernel where it applies, else XLA), ``"xla"``, or
+        ``"native"`` (the kernel, or a ValueError saying why it does not apply). The kernel is
+        generated C on the CPU (:mod:`quadjax.native`) and a Pallas kernel on a GPU
+        (:mod:`quadjax.gpu`), both from the model's one step.
     check: ``"off"``; ``"monitor"`` runs the invariant monitor (I1 once, I2–I5 before and
         after every tick; :class:`quadjax.monitor.MonitorReport`) and stops a vehicle at its
         first violation; ``"raise"`` does the same and, inside ``checkify.checkify`` (or
@@ -458,8 +460,10 @@ def why_not_native(config: SimConfig, rotors: int, dtype) -> str | None:
         return "it runs the library's RK4 only"
     if not native.supports(rotors, dtype):
         return f"it covers {native.ROTOR_COUNTS} rotors in {native.DTYPES}"
+    if native.on_gpu():
+        return None  # the Pallas kernel (quadjax.gpu), generated from the same step
     if jax.default_backend() != "cpu":
-        return "it is a CPU kernel"
+        return f"it runs on the CPU (generated C) and on GPUs (Pallas), not on {jax.default_backend()}"
     if not native.available(dtype, rotors):
         return native.unavailable_reason(dtype, rotors)
     return None

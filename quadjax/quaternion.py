@@ -144,7 +144,11 @@ def quat_from_matrix(R):
         ],
         axis=-2,
     )
-    q = jnp.take_along_axis(qs, k[..., None, None], axis=-2)[..., 0, :]
+    # the chosen form by selects, not a gather: the same values, and straight-line code for the
+    # generated kernels (quadjax.native.generate has no gather at a run-time index)
+    q = qs[..., 3, :]
+    for i in (2, 1, 0):
+        q = jnp.where((k == i)[..., None], qs[..., i, :], q)
     return jnp.where(q[..., :1] < 0, -q, q)
 
 

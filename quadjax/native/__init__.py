@@ -104,7 +104,7 @@ def adjoint_step(P, X, U, Wd, E, C):
 
 
 @functools.lru_cache(maxsize=None)
-def _example(rotors: int, dtype) -> dict:
+def step_example(rotors: int, dtype) -> dict:
     """Abstract (ShapeDtypeStruct) arguments of :func:`kernel_step` for ``rotors`` and ``dtype``
     (cached: every trace of rk4_step on the kernel asks for it; read-only)."""
     def leaf(*shape):
@@ -131,7 +131,7 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     dtype = np.dtype(dtype)
     if dtype == np.float64 and not jax.config.jax_enable_x64:
         raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
-    name, lanes, ex = _struct(dtype, rotors), VECTOR_BYTES // dtype.itemsize, _example(rotors, dtype)
+    name, lanes, ex = _struct(dtype, rotors), VECTOR_BYTES // dtype.itemsize, step_example(rotors, dtype)
     step = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=name, lanes=lanes)
     if kind == "forward":
         parts = [step.source, HARNESS.read_text(), f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {name});",
@@ -348,7 +348,7 @@ def _unpack(x: jax.Array, like):
 
 def unpack_state(x: jax.Array, rotors: int) -> QuadState:
     """Inverse of :func:`pack_state` on the last axis."""
-    return _unpack(x, _example(rotors, np.dtype(x.dtype))["S"])
+    return _unpack(x, step_example(rotors, np.dtype(x.dtype))["S"])
 
 
 # --------------------------------------------------------------------------- the call
@@ -368,7 +368,10 @@ def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int
     """
     dtype = commands.dtype
     T, R = commands.shape
-    if not available(dtype, R):
+    if on_gpu():
+        if not supports(R, dtype):
+            raise RuntimeError(f"quadjax GPU kernel: it covers {ROTOR_COUNTS} rotors in {DTYPES}")
+    elif not available(dtype, R):
         raise RuntimeError(f"quadjax native kernel unavailable: {unavailable_reason(dtype, R)}")
     h = dt / substeps  # as the XLA path divides: the same bits
     wind = params.wind[None] if wind is None else wind  # a series of length 1 is held
@@ -443,7 +446,7 @@ def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, r
 
 def unpack_params(row: jax.Array, rotors: int) -> tuple:
     """Inverse of :func:`pack_params` for one vehicle: ``(params, h)``."""
-    return _unpack(row, _example(rotors, np.dtype(row.dtype))["P"])
+    return _unpack(row, step_example(rotors, np.dtype(row.dtype))["P"])
 
 
 def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
@@ -472,7 +475,10 @@ def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
 
 
 def _derivatives(dtype, rotors) -> bool:
-    """The derivative library is there (built on first use; else the derivatives run on XLA)."""
+    """The derivative library is there (built on first use; else the derivatives run on XLA).
+    On a GPU they are XLA's of the same rollout (:func:`_xla`)."""
+    if on_gpu():
+        return False
     return _load(np.dtype(dtype).name, rotors) is None and _load(np.dtype(dtype).name, rotors, "derivatives") is None
 
 
@@ -501,6 +507,22 @@ def _primitive(name, impl, n_out):
 rollout_p = _primitive("quadjax_rollout", _forward_ffi, 2)
 tangent_p = _primitive("quadjax_rollout_tangent", _tangent_ffi, 2)
 adjoint_p = _primitive("quadjax_rollout_adjoint", _adjoint_ffi, 5)
+
+
+def on_gpu() -> bool:
+    """True when JAX's default backend is a GPU: the kernel is then the Pallas one (:mod:`quadjax.gpu`)."""
+    return jax.default_backend() == "gpu"
+
+
+def _forward_gpu(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
+    """rollout_p on a GPU: the Pallas kernel, from the same step as the C one."""
+    from quadjax import gpu
+
+    return gpu.rollout_rows(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
+
+
+for _platform in ("cuda", "rocm"):
+    mlir.register_lowering(rollout_p, mlir.lower_fun(_forward_gpu, multiple_results=True), platform=_platform)
 
 
 def _rollout_jvp(primals, tangents, **params):
@@ -575,7 +597,7 @@ def _batch_of(tree, like) -> tuple:
 
 def _step_batch(params, state, command, dt) -> tuple:
     """(the parameters' batch shape, the whole step's) for ``rk4_step``'s broadcasting."""
-    example = _example(command.shape[-1], command.dtype)
+    example = step_example(command.shape[-1], command.dtype)
     p_batch = jnp.broadcast_shapes(_batch_of(params, example["P"][0]), jnp.shape(dt))
     return p_batch, jnp.broadcast_shapes(p_batch, _batch_of(state, example["S"]), command.shape[:-1])
 
@@ -583,7 +605,7 @@ def _step_batch(params, state, command, dt) -> tuple:
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _kernel_step(fallback, params, state, command, dt):
     R = command.shape[-1]
-    example = _example(R, command.dtype)
+    example = step_example(R, command.dtype)
     p_batch, batch = _step_batch(params, state, command, dt)
 
     def rows(x, b, width):  # (..b, width), left-padded with 1s to the rank of the batch
@@ -619,7 +641,7 @@ def _kernel_step_jvp(fallback, primals, tangents):
     if not _derivatives(command.dtype, R):
         return jax.jvp(fallback, primals, tangents)
     _, batch = _step_batch(params, state, command, dt)
-    example = _example(R, command.dtype)
+    example = step_example(R, command.dtype)
     like = (example["P"][0], example["S"], example["U"], example["P"][1])
 
     def rows(x, e):  # (n, *e.shape): every vehicle of the batch

@@ -142,6 +142,12 @@ class _Emitter:
     def intdiv(self, a: str, b: str) -> str:
         return f"({a} % {b})"
 
+    def integer_pow(self, x: str, y: int, dtype) -> str:
+        """x**y for a static integer y, as repeated products (what XLA emits)."""
+        one = self.expr(_const(1, dtype), dtype)
+        body = " * ".join([x] * abs(y)) if y else one
+        return f"({one} / ({body}))" if y < 0 else f"({body})"
+
 
 class _VectorEmitter(_Emitter):
     """C++ over a block of W vehicles, one per lane of GCC vector types (``V``: W floats, ``M``:
@@ -235,6 +241,7 @@ QJ_LANEWISE(qj_vexp, std::exp(x))
 QJ_LANEWISE(qj_vlog, std::log(x))
 QJ_LANEWISE(qj_vsin, std::sin(x))
 QJ_LANEWISE(qj_vcos, std::cos(x))
+QJ_LANEWISE(qj_vtan, std::tan(x))
 QJ_LANEWISE(qj_vtanh, std::tanh(x))
 QJ_LANEWISE(qj_vsign, (x > 0) - (x < 0))
 #undef QJ_LANEWISE
@@ -268,6 +275,15 @@ def _same(a, b) -> bool:
     return np.asarray(a).tobytes() == np.asarray(b).tobytes() and np.asarray(a).dtype == np.asarray(b).dtype
 
 
+def _cast(x, src, dst):
+    """A value of dtype ``src`` as ``dst`` (a folded constant converted; a name must already be ``dst``)."""
+    if np.dtype(src) == np.dtype(dst):
+        return x
+    if isinstance(x, _Sym):
+        raise UnsupportedPrimitive(f"quadjax.native.generate: dot_general of {np.dtype(src)} into {np.dtype(dst)}")
+    return _const(x, dst)
+
+
 def _const(x, dtype):
     """A folded constant as a numpy scalar of ``dtype`` (so arithmetic rounds in it)."""
     return np.asarray(x, dtype=dtype)[()]
@@ -283,7 +299,8 @@ _ELEMENTWISE = {
     "le": (np.less_equal, "op", "<="), "eq": (np.equal, "op", "=="), "ne": (np.not_equal, "op", "!="),
     "and": (np.logical_and, "op", "&&"), "or": (np.logical_or, "op", "||"), "not": (np.logical_not, "prefix", "!"),
     "sqrt": (np.sqrt, "fn", "sqrt"), "exp": (np.exp, "fn", "exp"), "log": (np.log, "fn", "log"),
-    "sin": (np.sin, "fn", "sin"), "cos": (np.cos, "fn", "cos"), "tanh": (np.tanh, "fn", "tanh"),
+    "sin": (np.sin, "fn", "sin"), "cos": (np.cos, "fn", "cos"), "tan": (np.tan, "fn", "tan"),
+    "tanh": (np.tanh, "fn", "tanh"),
     "abs": (np.abs, "fn", "fabs"), "rsqrt": (lambda x: 1 / np.sqrt(x), "fn", "rsqrt"),
     "sign": (np.sign, "fn", "sign"),
 }
@@ -318,7 +335,7 @@ class _Generator:
         name = eqn.primitive.name
         out_avals = [v.aval for v in eqn.outvars]
         if name in _ELEMENTWISE or name in ("select_n", "integer_pow", "convert_element_type", "clamp", "rem",
-                                            "copy", "copy_p", "pow"):
+                                            "copy", "copy_p", "pow", "is_finite"):
             return [self.elementwise(name, eqn.params, ins, out_avals[0])]
         handler = getattr(self, f"p_{name}", None)
         if handler is None:
@@ -360,13 +377,17 @@ class _Generator:
             return out.local(xs, ctype, out.convert(xs[0], dtypes[0], dtype))
         if name in ("copy", "copy_p"):
             return xs[0]
+        if name == "is_finite":  # x − x is 0 for a finite x, NaN for ±inf and NaN (no libm call)
+            if known:
+                return _const(np.isfinite(xs[0]), dtype)
+            d = dtypes[0]
+            diff = self.scalar("sub", {}, [xs[0], xs[0]], [d, d], d)
+            return self.scalar("eq", {}, [diff, _const(0, d)], [d, d], dtype)
         if name == "integer_pow":
             y = params["y"]
             if known:
                 return _const(np.asarray(xs[0]) ** y, dtype)
-            one = out.expr(_const(1, dtype), dtype)
-            body = " * ".join([xs[0]] * abs(y)) if y else one
-            return out.local(xs, ctype, f"({one} / ({body}))" if y < 0 else f"({body})")
+            return out.local(xs, ctype, out.integer_pow(xs[0], y, dtype))
         if name == "clamp":  # clamp(lo, x, hi)
             lo, x, hi = xs
             if known:
@@ -465,6 +486,52 @@ class _Generator:
         ramp = np.arange(aval.shape[dim]).reshape([-1 if i == dim else 1 for i in range(len(aval.shape))])
         values = np.broadcast_to(ramp, aval.shape)
         return [(np.vectorize(lambda x: _const(x, dtype), otypes=[object])(values), dtype)]
+
+    def p_dot_general(self, eqn, ins, avals):
+        """A contraction over static axes, unrolled: each output element the left-to-right sum
+        of its products (batch axes first, then the left's free axes, then the right's)."""
+        (lhs, dl), (rhs, dr) = ins
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        dtype = np.dtype(avals[0].dtype)
+        lf = [i for i in range(lhs.ndim) if i not in lc and i not in lb]
+        rf = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
+        lhs = np.transpose(lhs, [*lb, *lf, *lc])
+        rhs = np.transpose(rhs, [*rb, *rf, *rc])
+        nb, nlf, nrf = len(lb), len(lf), len(rf)
+        out = np.empty(avals[0].shape, object)
+        contract = lhs.shape[nb + nlf:]
+        for idx in np.ndindex(out.shape):
+            b, i, j = idx[:nb], idx[nb:nb + nlf], idx[nb + nlf:]
+            acc = None
+            for c in np.ndindex(contract):
+                a, r = lhs[b + i + c], rhs[b + j + c]
+                term = self.scalar("mul", {}, [_cast(a, dl, dtype), _cast(r, dr, dtype)], [dtype, dtype], dtype)
+                acc = term if acc is None else self.scalar("add", {}, [acc, term], [dtype, dtype], dtype)
+            out[idx] = acc if acc is not None else _const(0, dtype)
+        return [(out, dtype)]
+
+    def p_argmax(self, eqn, ins, avals):
+        """The index of the first largest element along one static axis (a NaN counts as the
+        largest, as XLA's argmax has it), by a chain of compares and selects."""
+        (x, d), (axis,) = ins[0], eqn.params["axes"]
+        idt, b = np.dtype(eqn.params["index_dtype"]), np.dtype(np.bool_)
+        moved = np.moveaxis(x, axis, -1)
+        out = np.empty(moved.shape[:-1], object)
+        for idx in np.ndindex(out.shape):
+            best, at = moved[idx + (0,)], _const(0, idt)
+            for k in range(1, moved.shape[-1]):
+                y = moved[idx + (k,)]
+                bigger = self.scalar("gt", {}, [y, best], [d, d], b)
+                y_nan = self.scalar("ne", {}, [y, y], [d, d], b)
+                best_num = self.scalar("eq", {}, [best, best], [d, d], b)
+                take = self.scalar("or", {}, [bigger, self.scalar("and", {}, [y_nan, best_num], [b, b], b)], [b, b], b)
+                best = self.scalar("select_n", {}, [take, best, y], [b, d, d], d)
+                at = self.scalar("select_n", {}, [take, at, _const(k, idt)], [b, idt, idt], idt)
+            out[idx] = at
+        return [(out, idt)]
+
+    def p_transpose(self, eqn, ins, avals):
+        return [(np.transpose(ins[0][0], eqn.params["permutation"]), ins[0][1])]
 
     def p_reduce_sum(self, eqn, ins, avals):
         (x, d) = ins[0]
@@ -652,3 +719,201 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
               f"static inline void step(const V* __restrict H, {ptrs}) {{\n"
               + "\n".join(out.lines + results + stores) + "\n}\n};\n")
     return KernelSource(source, namespace, layouts, out.hoisted, lanes)
+
+
+# --------------------------------------------------------------------------- straight-line JAX
+#
+# The same scalarised program, emitted as JAX operations instead of C: what a GPU kernel
+# (quadjax.gpu, Pallas) runs per block of vehicles. Scans are unrolled, calls inlined, constants
+# folded and repeated subexpressions computed once, exactly as for the C forms; what is left is
+# element-wise arithmetic, comparisons, selects and conversions on arrays of vehicles, which every
+# Pallas lowering supports (no dynamic slicing, no loops, no small stacks inside the step).
+
+
+class _JaxEmitter(_Emitter):
+    """Records the program as ``(name, dtype, op)`` entries, ``op`` a tuple (operation, operands
+    ...) whose operands are names or ``("const", bytes, dtype)``; a local whose operands are all
+    invariant goes to the prologue (as :class:`_VectorEmitter` hoists them)."""
+
+    def __init__(self, invariant: set):
+        super().__init__()
+        self.program: list = []
+        self.prologue: list = []
+        self.invariant = set(invariant)
+
+    def emit(self, name, deps, ctype, expr):
+        entry = (name, ctype, expr)
+        if all(d in self.invariant for d in deps if isinstance(d, _Sym)):
+            self.prologue.append(entry)
+            self.invariant.add(name)
+        else:
+            self.program.append(entry)
+        return _Sym(name)
+
+    def ctype(self, dtype) -> str:
+        return np.dtype(dtype).name
+
+    def expr(self, x, dtype):
+        if isinstance(x, _Sym):
+            return x
+        return ("const", np.asarray(x, dtype).tobytes(), np.dtype(dtype).name)
+
+    def spell(self, name, args, suffix):
+        return (name, *args)
+
+    def select(self, pred, on_true, on_false):
+        return ("select", pred, on_true, on_false)
+
+    def convert(self, x, src, dst):
+        return ("convert", x, np.dtype(dst).name)
+
+    def clamp(self, lo, x, hi, suffix):
+        return ("clamp", lo, x, hi)
+
+    def call(self, name, args, suffix):
+        return (name, *args)
+
+    def intdiv(self, a, b):
+        return ("rem", a, b)
+
+    def integer_pow(self, x, y, dtype):
+        return ("integer_pow", x, y)
+
+
+def _jax_ops():
+    from jax import lax
+
+    def nan_max(a, b):  # lax.max propagates NaN, as XLA's max does
+        return lax.max(*jax.numpy.broadcast_arrays(a, b))
+
+    def nan_min(a, b):
+        return lax.min(*jax.numpy.broadcast_arrays(a, b))
+
+    jnp = jax.numpy
+    return {
+        "add": jnp.add, "add_any": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": _divide,
+        "neg": jnp.negative, "max": nan_max, "min": nan_min,
+        "gt": jnp.greater, "lt": jnp.less, "ge": jnp.greater_equal, "le": jnp.less_equal, "eq": jnp.equal,
+        "ne": jnp.not_equal, "and": jnp.logical_and, "or": jnp.logical_or, "not": jnp.logical_not,
+        "sqrt": jnp.sqrt, "exp": jnp.exp, "log": jnp.log, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": jnp.tanh,
+        "abs": jnp.abs, "rsqrt": lax.rsqrt, "sign": jnp.sign, "fmod": _rem, "rem": _rem, "pow": jnp.power,
+        "select": lambda p, t, f: jnp.where(p, t, f),
+        "clamp": lambda lo, x, hi: nan_min(nan_max(x, lo), hi),
+        "integer_pow": lambda x, y: jax.lax.integer_pow(x, y),
+    }
+
+
+def _divide(a, b):
+    """a / b with C's semantics for both kinds: true division of floats, truncation of integers
+    (jnp.divide would promote integers to float)."""
+    if jax.numpy.issubdtype(jax.numpy.result_type(a), jax.numpy.integer):
+        return jax.lax.div(*jax.numpy.broadcast_arrays(a, b))
+    return jax.numpy.divide(a, b)
+
+
+def _rem(a, b):
+    """C's remainder (sign of the dividend), as XLA's ``rem``."""
+    return jax.lax.rem(*jax.numpy.broadcast_arrays(a, b))
+
+
+@dataclasses.dataclass(frozen=True)
+class StraightLine:
+    """A per-vehicle function as straight-line JAX operations on arrays of vehicles
+    (:func:`straight_line`). Call :meth:`prologue` on the invariant inputs once, then
+    :meth:`step` as often as needed; every input is a flat list of arrays (one per element of
+    the :class:`Layout` of its argument), every output likewise. All inputs broadcast together
+    (a block of vehicles (B,), or scalars for one)."""
+
+    names: tuple          # per argument: its element names, in Layout order
+    dtypes: tuple         # per argument: each element's dtype name
+    prologue_ops: tuple
+    step_ops: tuple
+    outputs: tuple        # output elements: a name or ("const", bytes, dtype)
+    out_dtypes: tuple
+    out_tree: object
+    layouts: dict
+    invariant: tuple
+
+    @property
+    def operations(self) -> int:
+        """Operations per step (the prologue's not counted)."""
+        return len(self.step_ops)
+
+    def prologue(self, invariant_inputs: dict) -> dict:
+        """The hoisted values from the invariant arguments (name → flat list of arrays)."""
+        env = self._bind(invariant_inputs)
+        _evaluate(self.prologue_ops, env)
+        return {op[0]: env[op[0]] for op in self.prologue_ops} | env
+
+    def step(self, hoisted: dict, inputs: dict) -> list:
+        """The outputs (flat, in the output Layout) from the other arguments' flat lists."""
+        env = dict(hoisted)
+        env.update(self._bind(inputs))
+        _evaluate(self.step_ops, env)
+        shape = jax.numpy.broadcast_shapes(*[jax.numpy.shape(v) for v in env.values()])
+        return [jax.numpy.broadcast_to(_value(o, env, d), shape) for o, d in zip(self.outputs, self.out_dtypes)]
+
+    def __call__(self, **inputs) -> list:
+        """Prologue and one step together: the flat outputs."""
+        inv = {k: v for k, v in inputs.items() if k in self.invariant}
+        return self.step(self.prologue(inv), {k: v for k, v in inputs.items() if k not in self.invariant})
+
+    def _bind(self, inputs: dict) -> dict:
+        env = {}
+        for arg, values in inputs.items():
+            names, dtypes = self.names[arg], self.dtypes[arg]
+            if len(values) != len(names):
+                raise ValueError(f"StraightLine: argument {arg!r} has {len(names)} elements, got {len(values)}")
+            env.update({n: jax.numpy.asarray(v, d) for n, v, d in zip(names, values, dtypes)})
+        return env
+
+
+def _value(x, env, dtype):
+    if isinstance(x, tuple):  # a folded constant
+        return jax.numpy.asarray(np.frombuffer(x[1], dtype=x[2])[0])
+    if isinstance(x, _Sym) and x in env:
+        return env[x]
+    return jax.numpy.asarray(np.asarray(x, dtype))
+
+
+def _evaluate(ops, env: dict) -> None:
+    table = _jax_ops()
+    for name, dtype, (op, *args) in ops:
+        if op == "convert":
+            env[name] = env[args[0]].astype(args[1]) if isinstance(args[0], str) else _value(args[0], env, dtype)
+            continue
+        if op == "integer_pow":
+            env[name] = table[op](env[args[0]], args[1])
+            continue
+        vals = [_value(a, env, dtype) for a in args]
+        out = table[op](*vals)
+        env[name] = out if out.dtype == np.dtype(dtype) else out.astype(dtype)
+
+
+def straight_line(fn, args: dict, *, invariant: tuple = ()) -> StraightLine:
+    """``fn(*args.values())`` for one vehicle as a :class:`StraightLine`: the jaxpr of ``fn``
+    scalarised as for the C forms (loops unrolled, calls inlined, constants folded, repeated
+    subexpressions once), its elements named per argument in :class:`Layout` order, and what
+    depends on the ``invariant`` arguments alone split into the prologue. Leaves may have any
+    dtype (float, int, bool); an unsupported primitive raises :class:`UnsupportedPrimitive`."""
+    values = list(args.values())
+    closed = jax.make_jaxpr(fn)(*values)
+    named, names, dtypes, inv = [], {}, {}, set()
+    k = 0
+    for arg, tree in args.items():
+        leaves = jax.tree_util.tree_leaves(tree)
+        arrays, k2 = _named(leaves, lambda j: f"i{j}", k)
+        names[arg] = tuple(x for a in arrays for x in a.flat)
+        dtypes[arg] = tuple(_dtype(leaf).name for leaf, a in zip(leaves, arrays) for _ in a.flat)
+        named += [(a, _dtype(leaf)) for a, leaf in zip(arrays, leaves)]
+        if arg in invariant:
+            inv |= set(names[arg])
+        k = k2
+    out = _JaxEmitter(inv)
+    outs = _Generator(out).run(closed.jaxpr, closed.consts, named)
+    flat = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
+    elements = tuple(x if isinstance(x, _Sym) else out.expr(x, d) for x, d in flat)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *values))
+    return StraightLine(names=names, dtypes=dtypes, prologue_ops=tuple(out.prologue), step_ops=tuple(out.program),
+                        outputs=elements, out_dtypes=tuple(np.dtype(d).name for _, d in flat), out_tree=out_tree,
+                        layouts={a: Layout.of(t) for a, t in args.items()}, invariant=tuple(invariant))
