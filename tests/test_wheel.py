@@ -75,7 +75,7 @@ def test_the_wheel_holds_the_package_its_data_entry_point_and_metadata(dist):
                              for p in ("pytest", "mkdocs", "playwright", "pandas", "pyarrow", "c4dynamics"))
     with tarfile.open(sdist) as t:
         members = {m.split("/", 1)[1] for m in t.getnames() if "/" in m}
-    for path in RUNTIME_DATA + ["pyproject.toml", "README.md"]:
+    for path in RUNTIME_DATA + ["pyproject.toml", "README.md", "tests/conftest.py", "tests/helpers.py"]:
         assert path in members, f"{path} is missing from {sdist.name}"
 
 
