@@ -10,10 +10,12 @@ Each step of ``dt`` = 125 µs (the FC's gyro and PID period, :data:`~quadjax.sit
    ``rk4_step`` over dt: the state at t + dt.
 
 Neither side moves without the other: the FC's clock is the simulation's, so a flight does not
-depend on the host's speed or load. What is left to the host: the FC reads RC packets on a thread
-of its own, so a stick or switch change reaches the PID loop up to a few ms earlier or later from
-run to run, and its RC smoothing and feedforward see slightly different frame times (two runs of
-one script: within 2 mm idle, 33 mm under load; ``tests/test_sitl.py``).
+depend on the host's speed or load. The RC channels ride in lockstep too: the FC's RC thread stages
+each packet and the state packet of the same timestamp hands it to the FC (the patch), so a stick
+change reaches the PID loop at its step however late the RC thread runs. What is left: the FC's
+clock is offset from the packets' by its boot time, so its slower tasks (RX, arming checks) fall at
+another phase of the step grid each run; two runs of one script see a switch a step apart and agree
+to 1.3 mm, idle or under load (``tests/test_sitl.py``).
 
 Conventions (the FC's side read from the firmware's ``src/platform/SIMULATOR/sitl.c``):
 

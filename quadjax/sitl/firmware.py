@@ -50,9 +50,10 @@ FIRMWARE_VERSION = "4.6.0"
 LOCKSTEP_FLAGS = "-DSIMULATOR_GYROPID_SYNC"
 #: the virtual gyro's rate, and the PID loop's (pid_process_denom 1): one packet, one loop
 PID_RATE_HZ = 8000
-#: file → (anchor, replacement) edits: the FC's clock from the packets (sitl.c), arming without
-#: waiting for the barometer's calibration (core.c), and a scheduler that runs an overdue gyro
-#: task at once (scheduler.c)
+#: file → (anchor, replacement) edits: the FC's clock from the packets, and each RC packet handed
+#: to the FC with the state packet of its timestamp, not whenever its thread runs (sitl.c); arming
+#: without waiting for the barometer's calibration (core.c); and a scheduler that runs an overdue
+#: gyro task at once (scheduler.c)
 LOCKSTEP_PATCH = {
     "src/platform/SIMULATOR/sitl.c": (
         ("static bool fdm_received = false;\n",
@@ -60,10 +61,24 @@ LOCKSTEP_PATCH = {
          "/* quadjax lockstep: once state packets flow, the clock is their timestamp (offset to the\n"
          "   boot time at the first one): the FC runs exactly as far as the simulation has */\n"
          "static int64_t lockstepOffsetNs = -1;  /* >= 0 once packets drive the clock */\n"
-         "static uint64_t lockstepNowNs = 0;\n"),
+         "static uint64_t lockstepNowNs = 0;\n"
+         "/* quadjax lockstep: the RC thread stages each RC packet; the state packet of the same\n"
+         "   timestamp hands it to the FC, so a stick change reaches the PID loop at its step */\n"
+         "static rc_packet rcStaged;\n"
+         "static pthread_mutex_t rcLock = PTHREAD_MUTEX_INITIALIZER;\n"),
         ("    if (realtime_now > last_realtime + 500*1e3) { // 500ms timeout",
          "    if (0 && realtime_now > last_realtime + 500*1e3) { // quadjax lockstep: no 'simulator lost' branch"),
         ("    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)",
+         "    if (rc_received) {  // quadjax lockstep: the RC packet sent before this state packet (same timestamp)\n"
+         "        const uint64_t giveUpUs = micros64_real() + 200000;  // a lost RC packet: the last one after 0.2 s\n"
+         "        for (bool here = false; !here;) {\n"
+         "            pthread_mutex_lock(&rcLock);\n"
+         "            here = rcStaged.timestamp >= pkt->timestamp || micros64_real() > giveUpUs;\n"
+         "            if (here) rcPkt = rcStaged;\n"
+         "            pthread_mutex_unlock(&rcLock);\n"
+         "            if (!here) { struct timespec pause = {0, 20000}; nanosleep(&pause, NULL); }\n"
+         "        }\n"
+         "    }\n"
          "    {   // quadjax lockstep: the clock moves last, once the sensors hold this packet's values;\n"
          "        // the time is published before the offset that switches the clock over (release/acquire)\n"
          "        const int64_t stamp = (int64_t)(pkt->timestamp * 1e9 + 0.5);  // rounded: 375 µs, not 374.999\n"
@@ -73,6 +88,19 @@ LOCKSTEP_PATCH = {
          "        __atomic_store_n(&lockstepOffsetNs, offset, __ATOMIC_RELEASE);\n"
          "    }\n"
          "    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)"),
+        ("    return rcPkt.channels[channel];\n",
+         "    pthread_mutex_lock(&rcLock);  // quadjax lockstep: the state thread may be handing over a packet\n"
+         "    const float value = rcPkt.channels[channel];\n"
+         "    pthread_mutex_unlock(&rcLock);\n"
+         "    return value;\n"),
+        ("        n = udpRecv(&rcLink, &rcPkt, sizeof(rc_packet), 100);\n        if (n == sizeof(rc_packet)) {\n",
+         "        rc_packet got;  // quadjax lockstep: staged, not yet the FC's (see updateState)\n"
+         "        n = udpRecv(&rcLink, &got, sizeof(rc_packet), 100);\n"
+         "        if (n == sizeof(rc_packet)) {\n"
+         "            pthread_mutex_lock(&rcLock);\n"
+         "            rcStaged = got;\n"
+         "            if (!rc_received) rcPkt = got;  // the first: the FC switches to the UDP receiver with it\n"
+         "            pthread_mutex_unlock(&rcLock);\n"),
         ("uint64_t micros64(void)\n{\n",
          "uint64_t micros64(void)\n{\n    if (__atomic_load_n(&lockstepOffsetNs, __ATOMIC_ACQUIRE) >= 0)  // quadjax lockstep\n"
          "        return __atomic_load_n(&lockstepNowNs, __ATOMIC_ACQUIRE) / 1000;\n"),
@@ -380,7 +408,7 @@ class SitlProcess:
 class _Cli:
     """Betaflight's CLI over TCP; ``link`` keeps the FC's clock running while it answers."""
 
-    def __init__(self, link, timeout: float = 5.0):
+    def __init__(self, link, timeout: float = 15.0):  # an answer takes ~0.1 s idle; seconds under a busy host
         self.link, self.timeout = link, timeout
         self.sock = socket.create_connection((HOST, PORTS["uart1"]), timeout=timeout)
         self.sock.setblocking(False)
