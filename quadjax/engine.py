@@ -583,8 +583,19 @@ def simulate(
             config=config, backend=backend)
 
     policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state)
-    physics = _Physics(params, dt, config, on_native, R)
-    traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observe, config, backend)
+    # the whole horizon in one native call (quadjax.native.loop) when the tick carries all it needs:
+    # its physics then in the component form, compiled with the rest of the tick
+    whole = on_native and per_tick is None and wind is None and wrench is None and not config.save_every \
+        and jax.default_backend() == "cpu"
+    traj = None
+    if whole:
+        physics = _Physics(params, dt, config, False, R)
+        traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observe, config,
+                    backend, whole=True)
+    if traj is None:  # not whole, or a tick the generator cannot compile: the physics' kernel per tick
+        physics = _Physics(params, dt, config, on_native, R)
+        traj = _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observe, config,
+                    backend)
     if config.check == "raise":
         _raise_on_violation(traj)
     return traj
@@ -692,8 +703,11 @@ def _where(flag, a, b):
     return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
 
-def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observer, config, backend):
-    """The tick scan with hooks: every closed loop, every checked, hooked or observed run."""
+def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observer, config, backend,
+         whole=False):
+    """The tick scan with hooks: every closed loop, every checked, hooked or observed run.
+    ``whole``: the ticks go to :func:`quadjax.native.loop.run_ticks` (nothing saved, no series);
+    None if it cannot compile them."""
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
     start = physics.start()  # a vehicle that does not start ok never flies
@@ -750,7 +764,14 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
             y["estimate"] = observer.record(seen, c1["obs"])
         return c1, y
 
-    c, out = _drive(tick, carry0, xs, num_ticks, config)
+    if whole:
+        from quadjax.native.loop import run_ticks
+
+        c, out = run_ticks(lambda c, k: tick(c, (k, None, None, None))[0], carry0, num_ticks), None
+        if c is None:
+            return None
+    else:
+        c, out = _drive(tick, carry0, xs, num_ticks, config)
     saved = out or {}
     results = tuple(h.result(hc) for h, hc in zip(hooks, c["hooks"]))
     return Trajectory(

@@ -171,3 +171,54 @@ def small_sweep(**settings):
     from quadjax.sweep import config as cfg
 
     return cfg.from_dict(cfg.merge(SMALL_SWEEP, cfg.overrides_to_dict(settings)))
+
+
+#: a closed-loop target near the start: far ones saturate the mixer, and a rotor commanded to ~0
+#: thrust has ω = √(T/k_f) amplify last-bit differences in T without bound (XLA's jitted and eager
+#: runs of the same controller then differ by 1e-5 rad/s, as the kernels do)
+CLOSED_LOOP_TARGET = (0.05, -0.03, 0.05)
+
+
+def closed_loop_case(name, dtype, n=5, ticks=30, dt=0.002, substeps=2):
+    """N vehicles of different mass and inertia from scattered velocities under ``name`` ("pid" or
+    "geometric"), the worst distance to the target folded: the kernels' arguments (a dict for
+    ``closed_loop(**case["args"], ...)``) and the engine's answer on XLA (final, ctrl state, fold)
+    from ``jax.vmap(simulate(controller=..., hooks=(Reduce(...),)))``."""
+    import functools
+
+    from quadjax.control import (CascadeRates, GeometricController, Hover, PIDController, geometric_control,
+                                 geometric_init, pid_control, pid_init)
+    from quadjax.engine import Reduce
+
+    p = qj.presets.rp1(dtype)
+    target = jnp.asarray(CLOSED_LOOP_TARGET, dtype)
+    hover = Hover(position=target, yaw=jnp.asarray(0.05, dtype))
+    law, ctrl, init = {"pid": (functools.partial(pid_control, rates=CascadeRates(dt=dt)), PIDController.create(p, hover),
+                               pid_init),
+                       "geometric": (geometric_control, GeometricController.create(p, hover), geometric_init)}[name]
+    scale = jnp.linspace(0.85, 1.15, n).astype(dtype)
+    ps = jax.vmap(lambda a: p.replace(mass=p.mass * a, inertia=p.inertia * a))(scale)
+    rng = np.random.default_rng(0)
+    s0 = jax.vmap(lambda v: qj.hover_state(p).replace(velocity=v))(jnp.asarray(rng.uniform(-0.05, 0.05, (n, 3)), dtype))
+    cs0 = jax.vmap(lambda s: init(ctrl, s))(s0)
+
+    def worst(acc, state):
+        return jnp.maximum(acc, jnp.linalg.norm(state.position - target))
+
+    zero = jnp.zeros((), dtype)
+
+    def one(p1, s, cs):
+        tr = qj.simulate(p1, s, dt, controller=law, ctrl_params=ctrl, ctrl_state=cs, num_ticks=ticks,
+                         hooks=(Reduce(worst, zero),),
+                         config=qj.SimConfig(backend="xla", substeps=substeps, save_every=0))
+        return tr.final, tr.ctrl_state, tr.hooks[0]
+
+    args = dict(params=ps, state0=s0, controller=law, ctrl_params=ctrl, ctrl_state=cs0, dt=dt, num_ticks=ticks,
+                substeps=substeps, fold=worst, fold_init=zero)
+    return {"args": args, "reference": jax.jit(jax.vmap(one))(ps, s0, cs0), "init": init}
+
+
+def worst_relative(a, b) -> float:
+    """Largest |a − b| / (1 + |b|) over the leaves of two trees."""
+    return max(float(jnp.max(jnp.abs(jnp.asarray(x, float) - jnp.asarray(y, float)) / (1 + jnp.abs(jnp.asarray(y, float)))))
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))

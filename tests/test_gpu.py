@@ -25,21 +25,16 @@ import pytest
 
 import quadjax as qj
 from quadjax import gpu, native
-from quadjax.control import (CascadeRates, GeometricController, Hover, PIDController, geometric_control,
-                             geometric_init, pid_control, pid_init)
-from quadjax.engine import Reduce
+from quadjax.control import CascadeRates, Hover, PIDController, pid_control, pid_init
 from quadjax.native.generate import UnsupportedPrimitive, straight_line
-from tests.helpers import varied_fleet
+from tests.helpers import closed_loop_case, varied_fleet, worst_relative
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the issue's bar, relative to 1 + |x| (positions near 0 have no relative scale)
 TOL = {jnp.float32: 1e-5, jnp.float64: 1e-12}
 
 
-def _worst(a, b) -> float:
-    """Largest |a − b| / (1 + |b|) over the leaves."""
-    return max(float(jnp.max(jnp.abs(jnp.asarray(x, float) - jnp.asarray(y, float)) / (1 + jnp.abs(jnp.asarray(y, float)))))
-               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+_worst = worst_relative
 
 
 def _stack(trees):
@@ -123,49 +118,15 @@ def test_open_loop_kernel_shared_params_final_only():
 # --------------------------------------------------------------------------- the closed loop
 
 
-#: a target near the start: far ones saturate the mixer, and a rotor commanded to ~0 thrust has
-#: ω = √(T/k_f) amplify last-bit differences in T without bound (XLA's jitted and eager runs of the
-#: same controller then differ by 1e-5 rad/s, as the kernel does)
-TARGET = (0.05, -0.03, 0.05)
-
-
-def _controllers(p, dtype, dt):
-    target = Hover(position=jnp.asarray(TARGET, dtype), yaw=jnp.asarray(0.05, dtype))
-    pid = PIDController.create(p, target)
-    geo = GeometricController.create(p, target)
-    return {"pid": (functools.partial(pid_control, rates=CascadeRates(dt=dt)), pid, pid_init),
-            "geometric": (geometric_control, geo, geometric_init)}
-
-
 # PID in float32 against the engine: benchmarks/gpu.py's dry run (test_gpu_benchmark_dry_run)
 @pytest.mark.parametrize("name,dtype", [("pid", jnp.float64), ("geometric", jnp.float64)])
 def test_closed_loop_kernel_equals_the_engine(name, dtype):
     """N = 5 vehicles of different mass and inertia from scattered velocities, 30 ticks of 2 ms, 2
     substeps, the worst distance to the target folded: final state, controller state and fold
     equal vmap(simulate(controller=..., hooks=(Reduce(...),))) on XLA."""
-    dt, N, T = 0.002, 5, 30
-    p = qj.presets.rp1(dtype)
-    law, ctrl, init = _controllers(p, dtype, dt)[name]
-    scale = jnp.linspace(0.85, 1.15, N).astype(dtype)
-    ps = jax.vmap(lambda a: p.replace(mass=p.mass * a, inertia=p.inertia * a))(scale)
-    rng = np.random.default_rng(0)
-    s0 = jax.vmap(lambda v: qj.hover_state(p).replace(velocity=v))(jnp.asarray(rng.uniform(-0.05, 0.05, (N, 3)), dtype))
-    cs0 = jax.vmap(lambda s: init(ctrl, s))(s0)
-    target = jnp.asarray(TARGET, dtype)
-
-    def worst(acc, state):
-        return jnp.maximum(acc, jnp.linalg.norm(state.position - target))
-
-    zero = jnp.zeros((), dtype)
-    out = gpu.closed_loop(ps, s0, law, ctrl, cs0, dt=dt, num_ticks=T, substeps=2, fold=worst, fold_init=zero,
-                          block=4, interpret=True)
-
-    def one(p1, s, cs):
-        tr = qj.simulate(p1, s, dt, controller=law, ctrl_params=ctrl, ctrl_state=cs, num_ticks=T,
-                         hooks=(Reduce(worst, zero),), config=qj.SimConfig(backend="xla", substeps=2, save_every=0))
-        return tr.final, tr.ctrl_state, tr.hooks[0]
-
-    final, cs, acc = jax.jit(jax.vmap(one))(ps, s0, cs0)
+    case = closed_loop_case(name, dtype)
+    out = gpu.closed_loop(**case["args"], block=4, interpret=True)
+    final, cs, acc = case["reference"]
     assert float(jnp.min(acc)) > 0.07  # the fold saw the flight (the start is 0.077 m off the target)
     assert _worst(out.final, final) <= TOL[dtype]
     assert _worst(out.ctrl_state, cs) <= TOL[dtype] * 10  # integrators and filters: rounding amplified by 1/h
@@ -175,7 +136,8 @@ def test_closed_loop_kernel_equals_the_engine(name, dtype):
 
 def test_closed_loop_refuses_bad_arguments():
     p = qj.presets.rp1(jnp.float32)
-    law, ctrl, init = _controllers(p, jnp.float32, 0.002)["pid"]
+    law, init = functools.partial(pid_control, rates=CascadeRates(dt=0.002)), pid_init
+    ctrl = PIDController.create(p, Hover(position=jnp.zeros(3, jnp.float32), yaw=jnp.zeros((), jnp.float32)))
     s0 = qj.hover_state(p)
     two = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), s0)
     three = jax.tree_util.tree_map(lambda x: jnp.stack([x, x, x]), p)
@@ -213,7 +175,8 @@ def test_on_a_gpu_the_engine_runs_the_pallas_kernel(monkeypatch):
     assert text.count("xla.gpu.triton") == 1 and "stablehlo.while" not in text
     grad = _cuda_text(jax.grad(lambda m: jnp.sum(jax.vmap(lambda x: fly(x).final.position[2])(m))), masses)
     assert "stablehlo.while" in grad
-    law, ctrl, init = _controllers(p, jnp.float32, 0.002)["pid"]
+    law, init = functools.partial(pid_control, rates=CascadeRates(dt=0.002)), pid_init
+    ctrl = PIDController.create(p, Hover(position=jnp.zeros(3, jnp.float32), yaw=jnp.zeros((), jnp.float32)))
     ps = jax.vmap(lambda m: p.replace(mass=m))(masses)
     closed = _cuda_text(lambda ps: gpu.closed_loop(ps, s0, law, ctrl, init(ctrl, s0), dt=0.002, num_ticks=50,
                                                    in_axes=(0, None, None, None, None)).final.position, ps)

@@ -61,11 +61,12 @@ from jax.interpreters import ad, batching, mlir
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax.files import write_atomic
 from quadjax.integrators import rk4_step_c
-from quadjax.native.generate import _VECTOR_PRELUDE, Layout, generate_kernel
+from quadjax.native.generate import VECTOR_PRELUDE, Layout, generate_kernel
 from quadjax.params import QuadParams
 from quadjax.state import QuadState
 
 HARNESS = Path(__file__).with_name("rollout.cc")
+LOOP_HARNESS = Path(__file__).with_name("loop.cc")  # the closed loop's (quadjax.native.loop)
 ROTOR_COUNTS = (4, 6, 8)
 DTYPES = ("float32", "float64")
 VECTOR_BYTES = 32  # one AVX2 register per vector: wider types spill (measured: W = 16 floats is 5x slower)
@@ -146,24 +147,31 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
         parts = [step.source, tangent.source, adjoint.source, HARNESS.read_text(),
                  f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangent')}, {name}_t);",
                  f"QUADJAX_ADJOINT({_target(dtype, rotors, 'adjoint')}, {name}, {name}_a);\n"]
-    return "\n".join([_VECTOR_PRELUDE, *parts])
+    return "\n".join([VECTOR_PRELUDE, *parts])
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with ($CXX, c++, g++ or clang++), or None."""
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
 
 
 def kernel_filename(dtype: str = "float32", rotors: int = 4, cxx: str | None = None, kind: str = "forward") -> str:
     """The cached library's file name for ``dtype``, ``rotors`` and ``kind``: a hash of everything its
     bytes depend on (the generated source, compiler and its version, flags, jax, machine)."""
-    cxx = cxx or _compiler()
+    return library_filename(source(np.dtype(dtype).name, rotors, kind), cxx)
+
+
+def library_filename(text: str, cxx: str | None = None) -> str:
+    """The cached file name of the library compiled from the C++ ``text``: a hash of it, the
+    compiler and its version, the flags, jax and the machine."""
+    cxx = cxx or compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, c++, g++, clang++)")
     done = subprocess.run([cxx, "--version"], capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{cxx} --version failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     key = hashlib.sha256(
-        source(np.dtype(dtype).name, rotors, kind).encode() + done.stdout.encode() + " ".join(FLAGS).encode()
+        text.encode() + done.stdout.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
     return f"quadjax_native_{key}.so"
@@ -257,17 +265,18 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
 _TARGETS = {"forward": ("rollout", "step"), "derivatives": ("tangent", "adjoint")}
 
 
-def _register(lib: Path, dtype, rotors: int, kind: str) -> None:
+def _register(lib: Path, targets) -> None:
     handle = ctypes.CDLL(str(lib))
-    for name in (_target(dtype, rotors, t) for t in _TARGETS[kind]):
+    for name in targets:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
 
 
-def _build_and_register(dtype, rotors: int, kind: str, notes: list) -> None:
-    """Load the cached kernel if it is trusted, else (re)build it, at most once. What the
-    user should hear about the cache (not used, not trusted, rebuilt) goes into ``notes``."""
-    cxx = _compiler()
-    name = kernel_filename(dtype, rotors, cxx, kind)
+def build_library(text: str, targets, notes: list) -> None:
+    """Compile the C++ ``text`` (or load it from the cache if it is trusted, else rebuild it) and
+    register its FFI ``targets`` on the CPU. What the user should hear about the cache (not used,
+    not trusted, rebuilt) goes into ``notes``; a failure raises."""
+    cxx = compiler()
+    name = library_filename(text, cxx)
     folder, note = _usable_cache()
     notes += [note] if note else []
     lib = folder / name
@@ -275,11 +284,11 @@ def _build_and_register(dtype, rotors: int, kind: str, notes: list) -> None:
         why = trust_problem(lib)
         if why is None:
             try:
-                return _register(lib, dtype, rotors, kind)
+                return _register(lib, targets)
             except (OSError, AttributeError) as err:  # ours but unloadable (e.g. another libc)
                 why = f"{lib} did not load ({err})"
         notes.append(f"not loading the cached kernel: {why}; rebuilding it")
-    _register(_compile(cxx, lib, source(dtype, rotors, kind)), dtype, rotors, kind)
+    _register(_compile(cxx, lib, text), targets)
 
 
 @functools.lru_cache(maxsize=None)
@@ -290,11 +299,26 @@ def _load(dtype: str = "float32", rotors: int = 4, kind: str = "forward") -> str
         return "disabled by QUADJAX_NATIVE=0"
     if not supports(rotors, dtype):
         return f"no kernel for {rotors} rotors in {dtype} (only {ROTOR_COUNTS} rotors in {DTYPES})"
+    what = "native CPU kernel" if kind == "forward" else "native derivative kernels"
+    try:
+        text = source(dtype, rotors, kind)
+    except Exception as e:  # noqa: BLE001 — a kernel that cannot be generated: use XLA, and say why once
+        warnings.warn(f"quadjax: {what} unavailable, using XLA ({e})", RuntimeWarning, stacklevel=2)
+        return str(e)
+    return load_library(text, tuple(_target(dtype, rotors, t) for t in _TARGETS[kind]), what)
+
+
+@functools.lru_cache(maxsize=None)
+def load_library(text: str, targets: tuple, what: str) -> str | None:
+    """Build (or load from the cache), load and register the library of the C++ ``text`` with its
+    FFI ``targets``, at most once per process; why it is unavailable (a warning, once, saying
+    ``what`` falls back to XLA), or None."""
+    if os.environ.get("QUADJAX_NATIVE", "1") == "0":
+        return "disabled by QUADJAX_NATIVE=0"
     notes: list = []
     try:
-        _build_and_register(dtype, rotors, kind, notes)
+        build_library(text, list(targets), notes)
     except Exception as e:  # noqa: BLE001 — any failure means: use XLA, and say why once
-        what = "native CPU kernel" if kind == "forward" else "native derivative kernels"
         warnings.warn(f"quadjax: {what} unavailable, using XLA ({'; '.join(notes + [str(e)])})",
                       RuntimeWarning, stacklevel=3)
         return str(e)

@@ -142,6 +142,13 @@ class _Emitter:
     def intdiv(self, a: str, b: str) -> str:
         return f"({a} % {b})"
 
+    def quotient(self, a: str, b: str) -> str:
+        """a / b of integers, truncated (C's and XLA's)."""
+        return f"({a} / {b})"
+
+    def bitwise(self, name: str) -> None:
+        """``and`` / ``or`` / ``not`` of integers: spelled as logical here (scalar C of bools)."""
+
     def integer_pow(self, x: str, y: int, dtype) -> str:
         """x**y for a static integer y, as repeated products (what XLA emits)."""
         one = self.expr(_const(1, dtype), dtype)
@@ -177,9 +184,13 @@ class _VectorEmitter(_Emitter):
         self.lines.append(f"  const {ctype} {name} = {expr};")
         return _Sym(name)
 
+    # Integers (a controller's tick counter, a mode) live in the float lanes as whole numbers:
+    # +, −, ×, comparisons, min/max, select and remainder are exact there while |i| < 2^24
+    # (float32) or 2^53 (float64); a quotient is truncated, a conversion to an integer
+    # truncates. Bitwise operations on integers have no such form and are refused.
     def ctype(self, dtype) -> str:
         dtype = np.dtype(dtype)
-        return "V" if np.issubdtype(dtype, np.floating) else "M" if dtype == np.bool_ else _CTYPE.get(dtype, "?")
+        return "M" if dtype == np.bool_ else "V" if np.issubdtype(dtype, np.number) else _CTYPE.get(dtype, "?")
 
     def expr(self, x, dtype) -> str:
         if isinstance(x, _Sym):
@@ -187,6 +198,8 @@ class _VectorEmitter(_Emitter):
         dtype = np.dtype(dtype)
         if dtype == np.bool_:
             return "(M{} - 1)" if bool(x) else "M{}"
+        if np.issubdtype(dtype, np.integer):
+            return f"({int(x)} - V{{}})"  # exact in the lane's float (the limits above)
         if not np.issubdtype(dtype, np.floating):
             raise UnsupportedPrimitive(f"quadjax.native.generate: a {dtype} constant in a vector lane")
         return f"({_literal(x, dtype)} - V{{}})"  # broadcast; c − 0 keeps the sign of −0
@@ -204,10 +217,14 @@ class _VectorEmitter(_Emitter):
 
     def convert(self, x: str, src, dst) -> str:
         src, dst = np.dtype(src), np.dtype(dst)
-        if src == np.bool_ and np.issubdtype(dst, np.floating):
+        if src == np.bool_ and np.issubdtype(dst, np.number):
             return f"qj_vfloat<V>({x})"
-        if np.issubdtype(src, np.floating) and dst == np.bool_:
+        if np.issubdtype(src, np.number) and dst == np.bool_:
             return f"({x} != V{{}})"
+        if np.issubdtype(src, np.floating) and np.issubdtype(dst, np.integer):
+            return f"qj_vtrunc({x})"  # C's and XLA's float → int: toward zero
+        if np.issubdtype(src, np.number) and np.issubdtype(dst, np.number):
+            return f"({x})"  # int → float, float → float of the lane's width: the same lane value
         raise UnsupportedPrimitive(f"quadjax.native.generate: convert {src} -> {dst} in a vector lane")
 
     def clamp(self, lo: str, x: str, hi: str, suffix: str) -> str:
@@ -217,10 +234,19 @@ class _VectorEmitter(_Emitter):
         return f"qj_v{name}({', '.join(args)})"
 
     def intdiv(self, a: str, b: str) -> str:
-        raise UnsupportedPrimitive("quadjax.native.generate: integer remainder in a vector lane")
+        # whole numbers: C's remainder (sign of the dividend) as a − b·trunc(a / b), exact while
+        # |a| < 2^24 (float32): a / b rounds no non-integer quotient onto an integer; no libm call
+        return f"({a} - {b} * qj_vtrunc({a} / {b}))"
+
+    def quotient(self, a: str, b: str) -> str:
+        return f"qj_vtrunc({a} / {b})"
+
+    def bitwise(self, name: str) -> None:
+        raise UnsupportedPrimitive(f"quadjax.native.generate: bitwise '{name}' of integers in a vector lane "
+                                   "(integers live in float lanes there)")
 
 
-_VECTOR_PRELUDE = """#include <cmath>
+VECTOR_PRELUDE = """#include <cmath>
 #include <cstdint>
 // Lane-wise helpers over GCC vector types (quadjax.native.generate). XLA's max/min/clamp
 // propagate NaN, as these do; libm functions apply lane by lane (the compiler vectorises the
@@ -244,6 +270,7 @@ QJ_LANEWISE(qj_vcos, std::cos(x))
 QJ_LANEWISE(qj_vtan, std::tan(x))
 QJ_LANEWISE(qj_vtanh, std::tanh(x))
 QJ_LANEWISE(qj_vsign, (x > 0) - (x < 0))
+QJ_LANEWISE(qj_vtrunc, std::trunc(x))
 #undef QJ_LANEWISE
 template <class V> inline V qj_vfmod(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::fmod(a[l], b[l]); return r; }
 template <class V> inline V qj_vpow(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::pow(a[l], b[l]); return r; }
@@ -403,6 +430,11 @@ class _Generator:
             if known:
                 return _const(np.power(xs[0], xs[1]), dtype)
             return out.local(xs, ctype, out.call("pow", [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+        if np.issubdtype(dtype, np.integer) and not known:
+            if name in ("and", "or", "not"):
+                out.bitwise(name)
+            if name == "div":
+                return out.local(xs, ctype, out.quotient(out.expr(xs[0], dtypes[0]), out.expr(xs[1], dtypes[1])))
         fold = _ELEMENTWISE[name][0]
         if known:
             with np.errstate(all="ignore"):
@@ -775,6 +807,9 @@ class _JaxEmitter(_Emitter):
 
     def intdiv(self, a, b):
         return ("rem", a, b)
+
+    def quotient(self, a, b):
+        return ("div", a, b)
 
     def integer_pow(self, x, y, dtype):
         return ("integer_pow", x, y)

@@ -1,0 +1,272 @@
+"""Closed loops at kernel speed (issue 14): the engine's own tick, the whole horizon in one
+generated native call on the CPU.
+
+One engine. :func:`quadjax.simulate`'s closed loop (observer, controller, the held command's RK4
+substeps, hooks, status codes and freezing) is one per-vehicle ``tick(carry, k)``. On the CPU
+with ``backend="auto"`` or ``"native"``, when nothing is saved per tick and no wind or wrench
+series streams in, the engine hands that tick to :func:`run_ticks`: it binds :data:`loop_p`,
+whose batching rule (``jax.vmap`` over vehicles, the way users fly fleets) generates C++ from the
+tick's jaxpr (:func:`quadjax.native.generate.generate_kernel`: W vehicles in vector lanes, what
+depends on the tick's invariant inputs hoisted per block) and runs every tick of the horizon in
+one call (``native/loop.cc``). A tick the generator cannot compile (a PRNG's bitwise integer
+arithmetic, a data-dependent loop) runs on XLA instead, with a warning naming the primitive;
+so does one vehicle (no ``vmap``), and derivatives (the JVP of the same tick on XLA).
+
+:func:`closed_loop_tick` and :func:`loop_args` are the GPU closed loop's
+(:func:`quadjax.gpu.closed_loop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import warnings
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, batching, mlir
+
+from quadjax.native.generate import VECTOR_PRELUDE, UnsupportedPrimitive, generate_kernel
+
+_NAMESPACE = "qj_loop"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ClosedLoop:
+    """What a closed loop returns, every leaf with a leading vehicle axis (N, ...): ``final`` the
+    state after the last tick, ``ctrl_state`` the controller's, ``fold`` the fold's value (None
+    without a fold)."""
+
+    final: object
+    ctrl_state: object
+    fold: object
+
+
+def closed_loop_tick(controller, fold, substeps: int):
+    """One vehicle's tick as the closed-loop kernels run it (and :func:`quadjax.simulate` does):
+    at t = k·dt the controller maps the state to a command, held for ``substeps`` RK4 steps of
+    dt / substeps (:func:`quadjax.native.kernel_step`, the params' wind, no wrench), then
+    ``fold(acc, state after)`` (a :class:`quadjax.engine.Reduce`'s function).
+
+    ``tick(P, C, S, cs, acc, k) -> (S, cs, acc)`` with ``P = (params, h, dt)``."""
+    from quadjax import native
+
+    def tick(P, C, S, cs, acc, k):
+        params, h, dt = P
+        t = k.astype(dt.dtype) * dt
+        command, cs = controller(C, cs, S, t)
+        command = jnp.asarray(command, dt.dtype)
+        wrench = jnp.zeros((6,), dt.dtype)
+        for _ in range(substeps):
+            S = native.kernel_step((params, h), S, command, params.wind, wrench)
+        return S, cs, (acc if fold is None else fold(acc, S))
+
+    return tick
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopArgs:
+    """A closed loop's checked arguments (:func:`loop_args`): ``n`` vehicles, the float ``dtype``,
+    ``trees`` {"P": (params, h, dt), "C", "S", "cs", "acc"}, ``shared`` {name: every vehicle
+    shares it (in_axes None)} and ``example`` (one vehicle's abstract values, "k" the int32 tick)."""
+
+    n: int
+    dtype: np.dtype
+    trees: dict
+    shared: dict
+    example: dict
+
+
+def loop_args(params, state0, ctrl_params, ctrl_state, fold_init, *, dt, num_ticks, substeps, in_axes,
+              caller: str) -> LoopArgs:
+    """Check a closed loop's arguments (ValueError naming ``caller`` and the argument) and put
+    them in the form both kernels take: the params in the state's dtype, h = dt / substeps as
+    the engine divides it (the same bits), and one vehicle's abstract values for the trace."""
+    from quadjax.state import QuadState
+
+    if not isinstance(num_ticks, int) or num_ticks < 1 or not isinstance(substeps, int) or substeps < 1:
+        raise ValueError(f"{caller}: num_ticks={num_ticks!r}, substeps={substeps!r}: expected ints >= 1")
+    if len(in_axes) != 5 or any(a not in (0, None) for a in in_axes):
+        raise ValueError(f"{caller}: in_axes={in_axes!r}: five entries, each 0 or None")
+    if not isinstance(state0, QuadState):
+        raise ValueError(f"{caller}: state0: expected a QuadState, got {type(state0).__name__}")
+    trees = (params, state0, ctrl_params, ctrl_state, fold_init)
+    sizes = {jnp.shape(x)[0] for t, a in zip(trees, in_axes) if a == 0 for x in jax.tree_util.tree_leaves(t)}
+    if len(sizes) != 1:
+        raise ValueError(f"{caller}: the arguments mapped over vehicles (in_axes 0) must agree on N, got {sorted(sizes)}")
+    n = sizes.pop()
+    dtype = np.dtype(jnp.result_type(state0.position))
+    params = params.astype(dtype)
+    dt = jnp.asarray(dt, dtype)
+    h = dt / substeps
+
+    def one(tree, axis):  # one vehicle's abstract value
+        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:] if axis == 0 else jnp.shape(x),
+                                                                     jnp.result_type(x)), tree)
+
+    p_axis = in_axes[0]
+    scalar = jax.ShapeDtypeStruct((), dtype)
+    example = {"P": (one(params, p_axis), scalar, scalar), "C": one(ctrl_params, in_axes[2]),
+               "S": one(state0, in_axes[1]), "cs": one(ctrl_state, in_axes[3]), "acc": one(fold_init, in_axes[4]),
+               "k": jax.ShapeDtypeStruct((), jnp.int32)}
+    trees = {"P": (params, h, dt) if p_axis is None else (params, jnp.broadcast_to(h, (n,)), jnp.broadcast_to(dt, (n,))),
+             "C": ctrl_params, "S": state0, "cs": ctrl_state, "acc": fold_init}
+    shared = {"P": p_axis is None, "C": in_axes[2] is None, "S": in_axes[1] is None, "cs": in_axes[3] is None,
+              "acc": in_axes[4] is None}
+    return LoopArgs(n=n, dtype=dtype, trees=trees, shared=shared, example=example)
+
+
+# --------------------------------------------------------------------------- the CPU kernel
+#
+# The generated kernel takes every input in the float dtype: the tick is wrapped so that its
+# invariant inputs and its carry are flat tuples of float leaves, integers and flags among them
+# as whole numbers (exact below 2^24 in float32), converted back to their own dtypes in the trace.
+
+
+def _as(x, dtype):
+    """``x`` (a float lane value) as ``dtype``."""
+    return x != 0 if np.dtype(dtype) == np.bool_ else x.astype(dtype)
+
+
+def _tick_impl(*args, jaxpr, n_consts: int, num_ticks: int):
+    """:data:`loop_p` on XLA: ``fori_loop`` over the ticks of one vehicle's tick jaxpr."""
+    consts, carry = args[:n_consts], args[n_consts:]
+
+    def body(k, c):  # the jaxpr's tick index is int32 (fori_loop's may be int64 under x64)
+        return tuple(jax.core.eval_jaxpr(jaxpr, consts, *c, jnp.asarray(k, jnp.int32)))
+
+    return list(jax.lax.fori_loop(0, num_ticks, body, tuple(carry)))
+
+
+def _abstract(*args, jaxpr, n_consts, num_ticks):
+    return [jax.core.ShapedArray(a.shape, a.dtype) for a in args[n_consts:]]
+
+
+loop_p = jax.extend.core.Primitive("quadjax_loop")
+loop_p.multiple_results = True
+loop_p.def_impl(_tick_impl)
+loop_p.def_abstract_eval(_abstract)
+mlir.register_lowering(loop_p, mlir.lower_fun(_tick_impl, multiple_results=True))
+
+
+def _loop_jvp(primals, tangents, **params):  # derivatives: the same tick on XLA, differentiated by JAX
+    fn = functools.partial(_tick_impl, **params)
+    return jax.jvp(lambda *a: fn(*a), tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
+
+
+ad.primitive_jvps[loop_p] = _loop_jvp
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, dtype) -> tuple:
+    """(None or why the kernel is unavailable, its FFI target, the carry's size) for this tick."""
+    from quadjax import native
+
+    def step(P, X, k):
+        consts = [_as(x, a.dtype) for x, a in zip(P, const_avals)]
+        carry = [_as(x, a.dtype) for x, a in zip(X, carry_avals)]
+        out = jax.core.eval_jaxpr(jaxpr, consts, *carry, _as(k, np.int32))
+        return tuple(jnp.asarray(x).astype(dtype) for x in out)
+
+    floats = {"P": tuple(jax.ShapeDtypeStruct(a.shape, dtype) for a in const_avals) + (jax.ShapeDtypeStruct((), dtype),),
+              "X": tuple(jax.ShapeDtypeStruct(a.shape, dtype) for a in carry_avals),
+              "k": jax.ShapeDtypeStruct((), dtype)}
+    try:
+        ks = generate_kernel(step, floats, carry="X", invariant=("P",), namespace=_NAMESPACE,
+                             lanes=native.VECTOR_BYTES // np.dtype(dtype).itemsize)
+    except UnsupportedPrimitive as err:
+        warnings.warn(f"quadjax: this closed loop runs on XLA, not in the native kernel: {err}", RuntimeWarning,
+                      stacklevel=2)
+        return str(err), None, 0
+    text = "\n".join([VECTOR_PRELUDE, ks.source, native.HARNESS.read_text(), native.LOOP_HARNESS.read_text()])
+    target = f"quadjax_loop_{hashlib.sha256(text.encode()).hexdigest()[:16]}"  # one target per tick
+    text += f"\nQUADJAX_LOOP({target}, {_NAMESPACE});\n"
+    return native.load_library(text, (target,), "native closed-loop kernel"), target, ks.layouts["X"].size
+
+
+def _rows(x, batched: bool, n: int, dtype) -> jax.Array:
+    return jnp.reshape(jnp.asarray(x).astype(dtype), (n if batched else 1, -1))
+
+
+def _loop_batched(args, dims, *, jaxpr, n_consts, num_ticks):
+    """vmap over vehicles: every tick of the horizon in one native call (or XLA's loop, vmapped)."""
+    from quadjax import native
+
+    args = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
+    batched = [d is not None for d in dims]
+    n = next(x.shape[0] for x, b in zip(args, batched) if b)
+    per = [jax.core.ShapedArray(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(args, batched)]  # as _aval
+    floats = {np.dtype(a.dtype) for a in per if np.issubdtype(a.dtype, np.floating)}
+    why = "the tick mixes float dtypes" if len(floats) != 1 else None
+    if why is None and not native.on_gpu() and jax.default_backend() == "cpu":
+        dtype = floats.pop()
+        why, target, width = _kernel(jaxpr, tuple(per[:n_consts]), tuple(per[n_consts:]), dtype)
+    else:
+        why = why or "not on the CPU"
+    xla = jax.vmap(functools.partial(_tick_impl, jaxpr=jaxpr, n_consts=n_consts, num_ticks=num_ticks),
+                   in_axes=tuple(0 if b else None for b in batched))
+    if why is not None:
+        out = xla(*args)
+        return out, [0] * len(out)
+
+    @jax.custom_jvp
+    def native_call(*args):
+        consts, carry = args[:n_consts], args[n_consts:]
+        rows = n if any(batched[:n_consts]) else 1  # the invariant inputs: one row each vehicle, or one for all
+
+        def packed(xs, flags, avals, lead):
+            return jnp.concatenate([jnp.broadcast_to(_rows(x, b, n, dtype), (lead, math.prod(a.shape)))
+                                    for x, b, a in zip(xs, flags, avals)] + [jnp.zeros((lead, 1), dtype)], axis=1)
+
+        P = packed(consts, batched[:n_consts], per[:n_consts], rows)  # + a spare column: never empty
+        X = packed(carry, batched[n_consts:], per[n_consts:], n)[:, :-1]
+        out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((n, width), dtype), vmap_method="sequential")(
+            P, X, num_ticks=np.int64(num_ticks))
+        results, at = [], 0
+        for a in per[n_consts:]:
+            k = math.prod(a.shape)
+            results.append(_as(jnp.reshape(out[:, at:at + k], (n,) + tuple(a.shape)), a.dtype))
+            at += k
+        return results
+
+    # differentiated (a grad around the vmap): the same ticks on XLA, differentiated by JAX
+    native_call.defjvp(lambda primals, tangents: jax.jvp(xla, primals, tangents))
+    out = native_call(*args)
+    return out, [0] * len(out)
+
+
+batching.primitive_batchers[loop_p] = _loop_batched
+
+
+def run_ticks(tick, carry0, num_ticks: int):
+    """``carry`` after ``num_ticks`` ticks of ``tick(carry, k) -> carry`` (k the int32 tick index)
+    from ``carry0``: the engine's closed loop, under ``jax.vmap`` on the CPU in one native call
+    for the whole horizon (the module's docstring). None when the tick is vmapped but cannot be
+    compiled (the caller then runs its own loop; a warning names the primitive); unbatched, the
+    ticks run in a ``fori_loop`` on XLA."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry0)
+
+    def flat(*args):
+        *c, k = args
+        return jax.tree_util.tree_leaves(tick(jax.tree_util.tree_unflatten(treedef, c), k))
+
+    closed = jax.make_jaxpr(flat)(*leaves, jnp.zeros((), jnp.int32))
+    consts = closed.consts
+    if any(hasattr(x, "batch_dim") for x in (*consts, *leaves)):  # vmap's tracers: a fleet; compile it now
+        avals = [_aval(x) for x in (*consts, *leaves)]
+        floats = {np.dtype(a.dtype) for a in avals if np.issubdtype(a.dtype, np.floating)}
+        if len(floats) != 1 or _kernel(closed.jaxpr, tuple(avals[:len(consts)]), tuple(avals[len(consts):]),
+                                       floats.pop())[0] is not None:
+            return None
+    out = loop_p.bind(*consts, *leaves, jaxpr=closed.jaxpr, n_consts=len(consts), num_ticks=num_ticks)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _aval(x) -> jax.core.ShapedArray:
+    """One vehicle's abstract value of ``x`` (no weak type: the kernel cache's key)."""
+    return jax.core.ShapedArray(jnp.shape(x), jnp.result_type(x))

@@ -1,0 +1,180 @@
+"""The engine's closed loop in one native call (quadjax.native.loop, issue 14): under ``jax.vmap``
+on the CPU, ``simulate(controller=...)``'s own tick (controller, held command's RK4 substeps,
+monitor, hooks, status codes and freezing) is generated into vector-lane C++ and the whole horizon
+runs in one call.
+
+* PID and geometric control, float32 and float64, per-vehicle params: final state, controller
+  state, fold and status equal the XLA backend's, and the compiled program holds the native call;
+* shared params (in_axes None), N not a multiple of the lane count;
+* a hook that stops vehicles at different ticks: the same codes, ticks and frozen states;
+* integers in the float lanes: a toy controller with negative quotients, remainders and
+  float → int truncation equals plain Python exactly;
+* a tick the generator cannot compile (bitwise integer arithmetic) falls back with a warning
+  naming the primitive, and flies the same;
+* ``jax.grad`` around the vmap: the same gradient as the XLA backend.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import quadjax as qj
+from quadjax import native
+from quadjax.engine import Hook, Reduce
+from tests.helpers import closed_loop_case, worst_relative
+
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler")
+TOL = {jnp.float32: 1e-5, jnp.float64: 1e-12}
+
+
+def _fleet(args, backend, hooks=None, in_axes=(0, 0, 0)):
+    """jit(vmap(simulate)) over (params, state0, ctrl_state) of closed_loop_case's arguments."""
+    a = args
+    hooks = (Reduce(a["fold"], a["fold_init"]),) if hooks is None else hooks
+
+    def one(p1, s, cs):
+        tr = qj.simulate(p1, s, a["dt"], controller=a["controller"], ctrl_params=a["ctrl_params"], ctrl_state=cs,
+                         num_ticks=a["num_ticks"], hooks=hooks,
+                         config=qj.SimConfig(backend=backend, substeps=a["substeps"], save_every=0))
+        return tr.final, tr.ctrl_state, tr.hooks, tr.status, tr.status_tick
+
+    return jax.jit(jax.vmap(one, in_axes=in_axes))
+
+
+@pytest.mark.parametrize("name,dtype", [("pid", jnp.float32), ("pid", jnp.float64), ("geometric", jnp.float32),
+                                        ("geometric", jnp.float64)])
+def test_the_engine_closed_loop_runs_native_and_equals_xla(name, dtype):
+    case = closed_loop_case(name, dtype)
+    a = case["args"]
+    fleet = _fleet(a, "native")
+    assert "quadjax_loop_" in fleet.lower(a["params"], a["state0"], a["ctrl_state"]).as_text()
+    final, cs, (acc,), status, _ = fleet(a["params"], a["state0"], a["ctrl_state"])
+    ref_final, ref_cs, ref_acc = case["reference"]
+    assert float(jnp.min(acc)) > 0.07  # the fold saw the flight (the start is 0.077 m off the target)
+    assert worst_relative(final, ref_final) <= TOL[dtype]
+    assert worst_relative(cs, ref_cs) <= TOL[dtype] * 10  # integrators and filters: rounding amplified by 1/h
+    assert worst_relative(acc, ref_acc) <= TOL[dtype]
+    assert np.all(np.asarray(status) == 0) and final.position.dtype == dtype
+    assert all(x.dtype == y.dtype for x, y in zip(jax.tree_util.tree_leaves(cs), jax.tree_util.tree_leaves(ref_cs)))
+    if name == "pid":
+        assert np.all(np.asarray(cs.tick) == a["num_ticks"])  # the int counter, carried exactly
+
+
+def test_shared_params_and_a_partial_block():
+    """Params shared by all N = 11 vehicles (not a multiple of the 4 float64 lanes), states
+    scattered: each vehicle equals its XLA flight."""
+    case = closed_loop_case("pid", jnp.float64, n=11, ticks=20)
+    a = case["args"]
+    one_p = jax.tree_util.tree_map(lambda x: x[0], a["params"])
+    got = _fleet(a, "native", in_axes=(None, 0, 0))(one_p, a["state0"], a["ctrl_state"])
+    ref = _fleet(a, "xla", in_axes=(None, 0, 0))(one_p, a["state0"], a["ctrl_state"])
+    assert got[0].position.shape == (11, 3)
+    assert worst_relative(got[:3], ref[:3]) <= 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpeedLimit(Hook):
+    """Stops a vehicle (code 42) the tick its speed exceeds ``limit`` [m/s]."""
+
+    limit: float
+
+    def init(self, params, state0, dt):
+        return jnp.zeros((), jnp.int32)
+
+    def update(self, carry, tick):
+        fast = jnp.linalg.norm(tick.after.velocity) > self.limit
+        return carry + 1, jnp.where(fast, 42, 0).astype(jnp.int32), None
+
+    def result(self, carry):
+        return carry
+
+
+def test_stopped_vehicles_freeze_with_the_same_codes_and_ticks():
+    """A hook stops the vehicles whose speed passes 0.12 m/s, each at its own tick: status 42, the
+    tick, the frozen state and the hook's count equal XLA's; the others fly on (status 0)."""
+    case = closed_loop_case("pid", jnp.float64, n=8, ticks=60)
+    a = case["args"]
+    rng = np.random.default_rng(3)
+    s0 = a["state0"].replace(velocity=jnp.asarray(rng.uniform(-0.12, 0.12, (8, 3)), jnp.float64))
+    hooks = (_SpeedLimit(0.12),)
+    got = _fleet(a, "native", hooks=hooks)(a["params"], s0, a["ctrl_state"])
+    ref = _fleet(a, "xla", hooks=hooks)(a["params"], s0, a["ctrl_state"])
+    status, ticks = np.asarray(got[3]), np.asarray(got[4])
+    assert 0 < np.sum(status == 42) < 8 and len(set(ticks[status == 42])) > 1  # some stopped, at different ticks
+    np.testing.assert_array_equal(status, ref[3])
+    np.testing.assert_array_equal(ticks, ref[4])
+    assert worst_relative(got[:3], ref[:3]) <= 1e-12
+
+
+def _integer_controller(ctrl, cs, state, t):
+    """A toy controller whose state is integer arithmetic with negative operands: C's truncating
+    quotient and remainder, floor division, float → int truncation of negative values."""
+    k = cs["k"]
+    q = (k - 7) // 2                      # floor: −4 for k = 0 (lax.div, rem, sign, select)
+    r = jax.lax.rem(k - 7, jnp.int32(3))  # sign of the dividend
+    f = (-1000.0 * t - 0.5).astype(jnp.int32)  # toward zero
+    nxt = {"k": k + 1, "acc": cs["acc"] + q * 100 + r * 10 + f, "m": jnp.maximum(cs["m"], jnp.abs(q - r))}
+    command = ctrl * (1.0 + 0.001 * (k % 2).astype(state.position.dtype))
+    return command, nxt
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_integers_in_float_lanes_are_exact(dtype):
+    p = qj.presets.rp1(dtype)
+    s0 = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), qj.hover_state(p))
+    cs0 = {"k": jnp.zeros(3, jnp.int32), "acc": jnp.array([0, -5, 9], jnp.int32), "m": jnp.zeros(3, jnp.int32)}
+
+    def one(s, cs, backend):
+        return qj.simulate(p, s, 0.002, controller=_integer_controller, ctrl_params=qj.hover_rotor_speed(p),
+                           ctrl_state=cs, num_ticks=25, config=qj.SimConfig(backend=backend, save_every=0))
+
+    got = jax.jit(jax.vmap(lambda s, cs: one(s, cs, "native")))(s0, cs0)
+    ref = jax.jit(jax.vmap(lambda s, cs: one(s, cs, "xla")))(s0, cs0)
+    assert got.backend == "native"
+    acc, m = [0, -5, 9], 0  # in plain Python: floor quotient, C remainder, truncation toward zero of t
+    for k in range(25):
+        t = np.dtype(dtype).type(k) * np.dtype(dtype).type(0.002)
+        q, r = (k - 7) // 2, int(np.fmod(k - 7, 3))
+        f = int(np.trunc(np.dtype(dtype).type(-1000.0) * t - np.dtype(dtype).type(0.5)))
+        acc, m = [a + q * 100 + r * 10 + f for a in acc], max(m, abs(q - r))
+    assert got.ctrl_state["acc"].dtype == jnp.int32
+    assert list(np.asarray(got.ctrl_state["acc"])) == acc and int(got.ctrl_state["m"][0]) == m
+    np.testing.assert_array_equal(got.ctrl_state["k"], ref.ctrl_state["k"])
+    assert worst_relative(got.final, ref.final) <= TOL[dtype]
+
+
+def test_a_tick_it_cannot_compile_falls_back_naming_the_primitive():
+    def flags(ctrl, cs, state, t):
+        return ctrl, (cs + 1) & 7
+
+    p = qj.presets.rp1(jnp.float32)
+    s0 = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (2,) + x.shape), qj.hover_state(p))
+
+    def one(s, backend):
+        return qj.simulate(p, s, 0.002, controller=flags, ctrl_params=qj.hover_rotor_speed(p),
+                           ctrl_state=jnp.zeros((), jnp.int32), num_ticks=10,
+                           config=qj.SimConfig(backend=backend, save_every=0))
+
+    with pytest.warns(RuntimeWarning, match="bitwise 'and'"):
+        got = jax.jit(jax.vmap(lambda s: one(s, "native")))(s0)
+    ref = jax.jit(jax.vmap(lambda s: one(s, "xla")))(s0)
+    np.testing.assert_array_equal(got.ctrl_state, [2, 2])  # (10 mod 8)
+    assert worst_relative(got.final, ref.final) <= 1e-5
+
+
+def test_grad_around_the_fleet_equals_xla():
+    """d(mean fold)/d(mass scale) through vmap(simulate) on the native backend (its JVP is the same
+    ticks on XLA) equals the XLA backend's."""
+    case = closed_loop_case("pid", jnp.float64, n=3, ticks=15)
+    a = case["args"]
+
+    def loss(scale, backend):
+        ps = a["params"].replace(mass=a["params"].mass * scale)
+        return jnp.mean(_fleet(a, backend)(ps, a["state0"], a["ctrl_state"])[2][0])
+
+    g_native = jax.grad(lambda x: loss(x, "native"))(jnp.float64(1.0))
+    g_xla = jax.grad(lambda x: loss(x, "xla"))(jnp.float64(1.0))
+    assert abs(float(g_native)) > 1e-6 and abs(float(g_native - g_xla)) <= 1e-10 * (1 + abs(float(g_xla)))
