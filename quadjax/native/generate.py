@@ -565,7 +565,7 @@ class _Generator:
     def p_transpose(self, eqn, ins, avals):
         return [(np.transpose(ins[0][0], eqn.params["permutation"]), ins[0][1])]
 
-    def p_reduce_sum(self, eqn, ins, avals):
+    def _reduce(self, op, eqn, ins):
         (x, d) = ins[0]
         axes = tuple(eqn.params["axes"])
         moved = np.moveaxis(x, axes, tuple(range(-len(axes), 0))) if axes else x
@@ -574,9 +574,24 @@ class _Generator:
         for idx in np.ndindex(out.shape):  # left to right, as a sequential sum would
             acc = flat[idx + (0,)]
             for y in flat[idx][1:]:
-                acc = self.scalar("add", {}, [acc, y], [d, d], d)
+                acc = self.scalar(op, {}, [acc, y], [d, d], d)
             out[idx] = acc
         return [(out, d)]
+
+    def p_reduce_sum(self, eqn, ins, avals):
+        return self._reduce("add", eqn, ins)
+
+    def p_reduce_max(self, eqn, ins, avals):
+        return self._reduce("max", eqn, ins)
+
+    def p_reduce_min(self, eqn, ins, avals):
+        return self._reduce("min", eqn, ins)
+
+    def p_reduce_and(self, eqn, ins, avals):  # of bools (jnp.all)
+        return self._reduce("and", eqn, ins)
+
+    def p_reduce_or(self, eqn, ins, avals):  # of bools (jnp.any)
+        return self._reduce("or", eqn, ins)
 
     # ---- calls and loops: inlined / unrolled
     def p_jit(self, eqn, ins, avals):

@@ -9,8 +9,10 @@ whose batching rule (``jax.vmap`` over vehicles, the way users fly fleets) gener
 tick's jaxpr (:func:`quadjax.native.generate.generate_kernel`: W vehicles in vector lanes, what
 depends on the tick's invariant inputs hoisted per block) and runs every tick of the horizon in
 one call (``native/loop.cc``). A tick the generator cannot compile (a PRNG's bitwise integer
-arithmetic, a data-dependent loop) runs on XLA instead, with a warning naming the primitive;
-so does one vehicle (no ``vmap``), and derivatives (the JVP of the same tick on XLA).
+arithmetic, a data-dependent loop) takes the engine's per-tick path instead, with a warning naming
+the primitive; so does one vehicle (no ``vmap``). Derivatives run the same tick on XLA (a JVP
+rule). The whole loop equals the per-tick path to rounding, not bit for bit (the physics is the
+component form compiled with the tick rather than the rollout kernel).
 
 :func:`closed_loop_tick` and :func:`loop_args` are the GPU closed loop's
 (:func:`quadjax.gpu.closed_loop`).
@@ -246,9 +248,10 @@ batching.primitive_batchers[loop_p] = _loop_batched
 def run_ticks(tick, carry0, num_ticks: int):
     """``carry`` after ``num_ticks`` ticks of ``tick(carry, k) -> carry`` (k the int32 tick index)
     from ``carry0``: the engine's closed loop, under ``jax.vmap`` on the CPU in one native call
-    for the whole horizon (the module's docstring). None when the tick is vmapped but cannot be
-    compiled (the caller then runs its own loop; a warning names the primitive); unbatched, the
-    ticks run in a ``fori_loop`` on XLA."""
+    for the whole horizon (the module's docstring). None (the caller then runs its own loop) for
+    one vehicle (no ``vmap``: the per-tick path is as fast, and its results stay bit for bit the
+    same whether or not states are saved) and for a tick the generator cannot compile (a
+    warning names the primitive)."""
     leaves, treedef = jax.tree_util.tree_flatten(carry0)
 
     def flat(*args):
@@ -257,12 +260,13 @@ def run_ticks(tick, carry0, num_ticks: int):
 
     closed = jax.make_jaxpr(flat)(*leaves, jnp.zeros((), jnp.int32))
     consts = closed.consts
-    if any(hasattr(x, "batch_dim") for x in (*consts, *leaves)):  # vmap's tracers: a fleet; compile it now
-        avals = [_aval(x) for x in (*consts, *leaves)]
-        floats = {np.dtype(a.dtype) for a in avals if np.issubdtype(a.dtype, np.floating)}
-        if len(floats) != 1 or _kernel(closed.jaxpr, tuple(avals[:len(consts)]), tuple(avals[len(consts):]),
-                                       floats.pop())[0] is not None:
-            return None
+    if not any(hasattr(x, "batch_dim") for x in (*consts, *leaves)):  # one vehicle: the caller's own loop
+        return None
+    avals = [_aval(x) for x in (*consts, *leaves)]  # vmap's tracers: a fleet; compile it now
+    floats = {np.dtype(a.dtype) for a in avals if np.issubdtype(a.dtype, np.floating)}
+    if len(floats) != 1 or _kernel(closed.jaxpr, tuple(avals[:len(consts)]), tuple(avals[len(consts):]),
+                                   floats.pop())[0] is not None:
+        return None
     out = loop_p.bind(*consts, *leaves, jaxpr=closed.jaxpr, n_consts=len(consts), num_ticks=num_ticks)
     return jax.tree_util.tree_unflatten(treedef, out)
 
