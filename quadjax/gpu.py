@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from quadjax.native.generate import StraightLine, straight_line
-from quadjax.native.loop import ClosedLoop, closed_loop_tick, loop_args
 
 #: vehicles per kernel program: one per GPU thread, 4 warps
 BLOCK = 128
@@ -205,6 +204,40 @@ def rollout_rows(P, x0, U, Wd, E, *, substeps: int, save_every: int, rotors: int
 # --------------------------------------------------------------------------- the closed loop
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ClosedLoop:
+    """What :func:`closed_loop` returns, every leaf with a leading vehicle axis (N, ...):
+    ``final`` the state after the last tick, ``ctrl_state`` the controller's, ``fold`` the fold's
+    value (None without a fold)."""
+
+    final: object
+    ctrl_state: object
+    fold: object
+
+
+def closed_loop_tick(controller, fold, substeps: int):
+    """One vehicle's tick as the closed-loop kernel runs it (and :func:`quadjax.simulate` does):
+    at t = k·dt the controller maps the state to a command, held for ``substeps`` RK4 steps of
+    dt / substeps (:func:`quadjax.native.kernel_step`, the params' wind, no wrench), then
+    ``fold(acc, state after)`` (a :class:`quadjax.engine.Reduce`'s function).
+
+    ``tick(P, C, S, cs, acc, k) -> (S, cs, acc)`` with ``P = (params, h, dt)``."""
+    from quadjax import native
+
+    def tick(P, C, S, cs, acc, k):
+        params, h, dt = P
+        t = k.astype(dt.dtype) * dt
+        command, cs = controller(C, cs, S, t)
+        command = jnp.asarray(command, dt.dtype)
+        wrench = jnp.zeros((6,), dt.dtype)
+        for _ in range(substeps):
+            S = native.kernel_step((params, h), S, command, params.wind, wrench)
+        return S, cs, (acc if fold is None else fold(acc, S))
+
+    return tick
+
+
 def closed_loop(params, state0, controller, ctrl_params, ctrl_state, *, dt, num_ticks: int, substeps: int = 1,
                 fold=None, fold_init=None, in_axes=(0, 0, None, 0, None), block: int = BLOCK,
                 interpret: bool = False) -> ClosedLoop:
@@ -227,12 +260,39 @@ def closed_loop(params, state0, controller, ctrl_params, ctrl_state, *, dt, num_
     """
     from jax.experimental import pallas as pl
 
-    a = loop_args(params, state0, ctrl_params, ctrl_state, fold_init, dt=dt, num_ticks=num_ticks, substeps=substeps,
-                  in_axes=in_axes, caller="closed_loop")
-    n, trees, shared = a.n, a.trees, a.shared
-    step = straight_line(closed_loop_tick(controller, fold, substeps), a.example, invariant=("P", "C"))
+    from quadjax.state import QuadState
+
+    if not isinstance(num_ticks, int) or num_ticks < 1 or not isinstance(substeps, int) or substeps < 1:
+        raise ValueError(f"closed_loop: num_ticks={num_ticks!r}, substeps={substeps!r}: expected ints >= 1")
+    if len(in_axes) != 5 or any(a not in (0, None) for a in in_axes):
+        raise ValueError(f"closed_loop: in_axes={in_axes!r}: five entries, each 0 or None")
+    if not isinstance(state0, QuadState):
+        raise ValueError(f"closed_loop: state0: expected a QuadState, got {type(state0).__name__}")
+    trees = (params, state0, ctrl_params, ctrl_state, fold_init)
+    sizes = {jnp.shape(x)[0] for t, a in zip(trees, in_axes) if a == 0 for x in jax.tree_util.tree_leaves(t)}
+    if len(sizes) != 1:
+        raise ValueError(f"closed_loop: the arguments mapped over vehicles (in_axes 0) must agree on N, got {sorted(sizes)}")
+    n = sizes.pop()
+    dtype = jnp.result_type(state0.position)
+    params = params.astype(dtype)
+    dt = jnp.asarray(dt, dtype)
+    P = (params, dt / substeps, dt)  # h as the engine divides it: the same bits
+
+    def one(tree, axis):  # one vehicle's abstract value
+        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:] if axis == 0 else jnp.shape(x),
+                                                                     jnp.result_type(x)), tree)
+
+    p_axes = in_axes[0]
+    example = {"P": (one(params, p_axes), jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((), dtype)),
+               "C": one(ctrl_params, in_axes[2]), "S": one(state0, in_axes[1]), "cs": one(ctrl_state, in_axes[3]),
+               "acc": one(fold_init, in_axes[4]), "k": jax.ShapeDtypeStruct((), jnp.int32)}
+    step = straight_line(closed_loop_tick(controller, fold, substeps), example, invariant=("P", "C"))
 
     n_pad = _padded(n, block)
+    shared = {"P": p_axes is None, "C": in_axes[2] is None, "S": in_axes[1] is None, "cs": in_axes[3] is None,
+              "acc": in_axes[4] is None}
+    trees = {"P": P if p_axes is None else (params, jnp.broadcast_to(P[1], (n,)), jnp.broadcast_to(P[2], (n,))),
+             "C": ctrl_params, "S": state0, "cs": ctrl_state, "acc": fold_init}
     args, arrays, specs = {}, [], []
     for name, tree in trees.items():
         arg, rows = _pack(name, jax.tree_util.tree_leaves(tree), shared[name], n_pad)

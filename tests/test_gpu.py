@@ -34,7 +34,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = {jnp.float32: 1e-5, jnp.float64: 1e-12}
 
 
-_worst = worst_relative
 
 
 def _stack(trees):
@@ -64,7 +63,7 @@ def test_straight_line_step_equals_the_model(R, dtype):
     out = jax.jit(lambda P, S, U, W, E: step(P=P, S=S, U=U, Wd=W, E=E))(P, S, rows(us), rows(wind), rows(wrench))
     ref = jax.vmap(native.kernel_step)((ps, dts), ss, us, wind, wrench)
     got = native.unpack_state(jnp.stack(out, -1), R)
-    assert _worst(got, ref) <= TOL[dtype] / 10
+    assert worst_relative(got, ref) <= TOL[dtype] / 10
 
 
 def test_straight_line_names_what_it_cannot_scalarise():
@@ -102,8 +101,8 @@ def test_open_loop_kernel_equals_xla(dtype):
     final, saved = gpu.rollout_rows(*args, block=4, interpret=True, **kw)
     ref_final, ref_saved = native._xla(*args, **kw)
     assert final.dtype == dtype and final.shape == ref_final.shape and saved.shape == ref_saved.shape == (6, 3, 19)
-    assert _worst(final, ref_final) <= TOL[dtype]
-    assert _worst(saved, ref_saved) <= TOL[dtype]
+    assert worst_relative(final, ref_final) <= TOL[dtype]
+    assert worst_relative(saved, ref_saved) <= TOL[dtype]
 
 
 def test_open_loop_kernel_shared_params_final_only():
@@ -112,7 +111,7 @@ def test_open_loop_kernel_shared_params_final_only():
     final, saved = gpu.rollout_rows(*args, substeps=1, save_every=0, rotors=4, block=8, interpret=True)
     ref, _ = native._xla(*args, substeps=1, save_every=0, rotors=4)
     assert saved.shape == (5, 0, 19)
-    assert _worst(final, ref) <= TOL[jnp.float64]
+    assert worst_relative(final, ref) <= TOL[jnp.float64]
 
 
 # --------------------------------------------------------------------------- the closed loop
@@ -128,9 +127,9 @@ def test_closed_loop_kernel_equals_the_engine(name, dtype):
     out = gpu.closed_loop(**case["args"], block=4, interpret=True)
     final, cs, acc = case["reference"]
     assert float(jnp.min(acc)) > 0.07  # the fold saw the flight (the start is 0.077 m off the target)
-    assert _worst(out.final, final) <= TOL[dtype]
-    assert _worst(out.ctrl_state, cs) <= TOL[dtype] * 10  # integrators and filters: rounding amplified by 1/h
-    assert _worst(out.fold, acc) <= TOL[dtype]
+    assert worst_relative(out.final, final) <= TOL[dtype]
+    assert worst_relative(out.ctrl_state, cs) <= TOL[dtype] * 10  # integrators and filters: rounding amplified by 1/h
+    assert worst_relative(out.fold, acc) <= TOL[dtype]
     assert out.final.position.dtype == dtype
 
 

@@ -13,14 +13,10 @@ arithmetic, a data-dependent loop) takes the engine's per-tick path instead, wit
 the primitive; so does one vehicle (no ``vmap``). Derivatives run the same tick on XLA (a JVP
 rule). The whole loop equals the per-tick path to rounding, not bit for bit (the physics is the
 component form compiled with the tick rather than the rollout kernel).
-
-:func:`closed_loop_tick` and :func:`loop_args` are the GPU closed loop's
-(:func:`quadjax.gpu.closed_loop`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import math
@@ -35,92 +31,6 @@ from jax.interpreters import ad, batching, mlir
 from quadjax.native.generate import VECTOR_PRELUDE, UnsupportedPrimitive, generate_kernel
 
 _NAMESPACE = "qj_loop"
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class ClosedLoop:
-    """What a closed loop returns, every leaf with a leading vehicle axis (N, ...): ``final`` the
-    state after the last tick, ``ctrl_state`` the controller's, ``fold`` the fold's value (None
-    without a fold)."""
-
-    final: object
-    ctrl_state: object
-    fold: object
-
-
-def closed_loop_tick(controller, fold, substeps: int):
-    """One vehicle's tick as the closed-loop kernels run it (and :func:`quadjax.simulate` does):
-    at t = k·dt the controller maps the state to a command, held for ``substeps`` RK4 steps of
-    dt / substeps (:func:`quadjax.native.kernel_step`, the params' wind, no wrench), then
-    ``fold(acc, state after)`` (a :class:`quadjax.engine.Reduce`'s function).
-
-    ``tick(P, C, S, cs, acc, k) -> (S, cs, acc)`` with ``P = (params, h, dt)``."""
-    from quadjax import native
-
-    def tick(P, C, S, cs, acc, k):
-        params, h, dt = P
-        t = k.astype(dt.dtype) * dt
-        command, cs = controller(C, cs, S, t)
-        command = jnp.asarray(command, dt.dtype)
-        wrench = jnp.zeros((6,), dt.dtype)
-        for _ in range(substeps):
-            S = native.kernel_step((params, h), S, command, params.wind, wrench)
-        return S, cs, (acc if fold is None else fold(acc, S))
-
-    return tick
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopArgs:
-    """A closed loop's checked arguments (:func:`loop_args`): ``n`` vehicles, the float ``dtype``,
-    ``trees`` {"P": (params, h, dt), "C", "S", "cs", "acc"}, ``shared`` {name: every vehicle
-    shares it (in_axes None)} and ``example`` (one vehicle's abstract values, "k" the int32 tick)."""
-
-    n: int
-    dtype: np.dtype
-    trees: dict
-    shared: dict
-    example: dict
-
-
-def loop_args(params, state0, ctrl_params, ctrl_state, fold_init, *, dt, num_ticks, substeps, in_axes,
-              caller: str) -> LoopArgs:
-    """Check a closed loop's arguments (ValueError naming ``caller`` and the argument) and put
-    them in the form both kernels take: the params in the state's dtype, h = dt / substeps as
-    the engine divides it (the same bits), and one vehicle's abstract values for the trace."""
-    from quadjax.state import QuadState
-
-    if not isinstance(num_ticks, int) or num_ticks < 1 or not isinstance(substeps, int) or substeps < 1:
-        raise ValueError(f"{caller}: num_ticks={num_ticks!r}, substeps={substeps!r}: expected ints >= 1")
-    if len(in_axes) != 5 or any(a not in (0, None) for a in in_axes):
-        raise ValueError(f"{caller}: in_axes={in_axes!r}: five entries, each 0 or None")
-    if not isinstance(state0, QuadState):
-        raise ValueError(f"{caller}: state0: expected a QuadState, got {type(state0).__name__}")
-    trees = (params, state0, ctrl_params, ctrl_state, fold_init)
-    sizes = {jnp.shape(x)[0] for t, a in zip(trees, in_axes) if a == 0 for x in jax.tree_util.tree_leaves(t)}
-    if len(sizes) != 1:
-        raise ValueError(f"{caller}: the arguments mapped over vehicles (in_axes 0) must agree on N, got {sorted(sizes)}")
-    n = sizes.pop()
-    dtype = np.dtype(jnp.result_type(state0.position))
-    params = params.astype(dtype)
-    dt = jnp.asarray(dt, dtype)
-    h = dt / substeps
-
-    def one(tree, axis):  # one vehicle's abstract value
-        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:] if axis == 0 else jnp.shape(x),
-                                                                     jnp.result_type(x)), tree)
-
-    p_axis = in_axes[0]
-    scalar = jax.ShapeDtypeStruct((), dtype)
-    example = {"P": (one(params, p_axis), scalar, scalar), "C": one(ctrl_params, in_axes[2]),
-               "S": one(state0, in_axes[1]), "cs": one(ctrl_state, in_axes[3]), "acc": one(fold_init, in_axes[4]),
-               "k": jax.ShapeDtypeStruct((), jnp.int32)}
-    trees = {"P": (params, h, dt) if p_axis is None else (params, jnp.broadcast_to(h, (n,)), jnp.broadcast_to(dt, (n,))),
-             "C": ctrl_params, "S": state0, "cs": ctrl_state, "acc": fold_init}
-    shared = {"P": p_axis is None, "C": in_axes[2] is None, "S": in_axes[1] is None, "cs": in_axes[3] is None,
-              "acc": in_axes[4] is None}
-    return LoopArgs(n=n, dtype=dtype, trees=trees, shared=shared, example=example)
 
 
 # --------------------------------------------------------------------------- the CPU kernel
@@ -157,8 +67,8 @@ mlir.register_lowering(loop_p, mlir.lower_fun(_tick_impl, multiple_results=True)
 
 
 def _loop_jvp(primals, tangents, **params):  # derivatives: the same tick on XLA, differentiated by JAX
-    fn = functools.partial(_tick_impl, **params)
-    return jax.jvp(lambda *a: fn(*a), tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
+    return jax.jvp(functools.partial(_tick_impl, **params), tuple(primals),
+                   tuple(ad.instantiate_zeros(t) for t in tangents))
 
 
 ad.primitive_jvps[loop_p] = _loop_jvp
@@ -191,25 +101,30 @@ def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, dtype) -> tuple:
     return native.load_library(text, (target,), "native closed-loop kernel"), target, ks.layouts["X"].size
 
 
-def _rows(x, batched: bool, n: int, dtype) -> jax.Array:
-    return jnp.reshape(jnp.asarray(x).astype(dtype), (n if batched else 1, -1))
+def _compiled(jaxpr, avals: list, n_consts: int) -> tuple:
+    """(None or why not, target, carry width, dtype): the tick's kernel for one vehicle's
+    ``avals`` (the invariant inputs, then the carry), generated and built at most once."""
+    floats = {np.dtype(a.dtype) for a in avals if np.issubdtype(a.dtype, np.floating)}
+    if len(floats) != 1:
+        return "the tick mixes float dtypes", None, 0, None
+    dtype = floats.pop()
+    return (*_kernel(jaxpr, tuple(avals[:n_consts]), tuple(avals[n_consts:]), dtype), dtype)
+
+
+def _rows(xs, flags, avals, n: int, lead: int, dtype) -> jax.Array:
+    """``xs`` (each batched or not, per ``flags``) as one (lead, size) block of ``dtype`` rows."""
+    return jnp.concatenate([jnp.broadcast_to(jnp.reshape(jnp.asarray(x).astype(dtype), (n if b else 1, -1)),
+                                             (lead, math.prod(a.shape))) for x, b, a in zip(xs, flags, avals)]
+                           + [jnp.zeros((lead, 0), dtype)], axis=1)
 
 
 def _loop_batched(args, dims, *, jaxpr, n_consts, num_ticks):
     """vmap over vehicles: every tick of the horizon in one native call (or XLA's loop, vmapped)."""
-    from quadjax import native
-
     args = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
     batched = [d is not None for d in dims]
     n = next(x.shape[0] for x, b in zip(args, batched) if b)
-    per = [jax.core.ShapedArray(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(args, batched)]  # as _aval
-    floats = {np.dtype(a.dtype) for a in per if np.issubdtype(a.dtype, np.floating)}
-    why = "the tick mixes float dtypes" if len(floats) != 1 else None
-    if why is None and not native.on_gpu() and jax.default_backend() == "cpu":
-        dtype = floats.pop()
-        why, target, width = _kernel(jaxpr, tuple(per[:n_consts]), tuple(per[n_consts:]), dtype)
-    else:
-        why = why or "not on the CPU"
+    per = [_aval(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(args, batched)]
+    why, target, width, dtype = _compiled(jaxpr, per, n_consts)
     xla = jax.vmap(functools.partial(_tick_impl, jaxpr=jaxpr, n_consts=n_consts, num_ticks=num_ticks),
                    in_axes=tuple(0 if b else None for b in batched))
     if why is not None:
@@ -218,15 +133,10 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, num_ticks):
 
     @jax.custom_jvp
     def native_call(*args):
-        consts, carry = args[:n_consts], args[n_consts:]
         rows = n if any(batched[:n_consts]) else 1  # the invariant inputs: one row each vehicle, or one for all
-
-        def packed(xs, flags, avals, lead):
-            return jnp.concatenate([jnp.broadcast_to(_rows(x, b, n, dtype), (lead, math.prod(a.shape)))
-                                    for x, b, a in zip(xs, flags, avals)] + [jnp.zeros((lead, 1), dtype)], axis=1)
-
-        P = packed(consts, batched[:n_consts], per[:n_consts], rows)  # + a spare column: never empty
-        X = packed(carry, batched[n_consts:], per[n_consts:], n)[:, :-1]
+        P = jnp.concatenate([_rows(args[:n_consts], batched[:n_consts], per[:n_consts], n, rows, dtype),
+                             jnp.zeros((rows, 1), dtype)], axis=1)  # + the kernel's spare input: never empty
+        X = _rows(args[n_consts:], batched[n_consts:], per[n_consts:], n, n, dtype)
         out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((n, width), dtype), vmap_method="sequential")(
             P, X, num_ticks=np.int64(num_ticks))
         results, at = [], 0
@@ -247,7 +157,7 @@ batching.primitive_batchers[loop_p] = _loop_batched
 
 def run_ticks(tick, carry0, num_ticks: int):
     """``carry`` after ``num_ticks`` ticks of ``tick(carry, k) -> carry`` (k the int32 tick index)
-    from ``carry0``: the engine's closed loop, under ``jax.vmap`` on the CPU in one native call
+    from ``carry0``: the engine's closed loop on the CPU, under ``jax.vmap`` in one native call
     for the whole horizon (the module's docstring). None (the caller then runs its own loop) for
     one vehicle (no ``vmap``: the per-tick path is as fast, and its results stay bit for bit the
     same whether or not states are saved) and for a tick the generator cannot compile (a
@@ -262,15 +172,15 @@ def run_ticks(tick, carry0, num_ticks: int):
     consts = closed.consts
     if not any(hasattr(x, "batch_dim") for x in (*consts, *leaves)):  # one vehicle: the caller's own loop
         return None
-    avals = [_aval(x) for x in (*consts, *leaves)]  # vmap's tracers: a fleet; compile it now
-    floats = {np.dtype(a.dtype) for a in avals if np.issubdtype(a.dtype, np.floating)}
-    if len(floats) != 1 or _kernel(closed.jaxpr, tuple(avals[:len(consts)]), tuple(avals[len(consts):]),
-                                   floats.pop())[0] is not None:
+    # vmap's tracers (a fleet): compile it now, so that a tick that cannot be falls back here
+    if _compiled(closed.jaxpr, [_aval(jnp.shape(x), jnp.result_type(x)) for x in (*consts, *leaves)],
+                 len(consts))[0] is not None:
         return None
     out = loop_p.bind(*consts, *leaves, jaxpr=closed.jaxpr, n_consts=len(consts), num_ticks=num_ticks)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _aval(x) -> jax.core.ShapedArray:
-    """One vehicle's abstract value of ``x`` (no weak type: the kernel cache's key)."""
-    return jax.core.ShapedArray(jnp.shape(x), jnp.result_type(x))
+def _aval(shape, dtype) -> jax.core.ShapedArray:
+    """One vehicle's abstract value (no weak type: the same key for the kernel cache from the
+    trace and from the batching rule)."""
+    return jax.core.ShapedArray(tuple(shape), np.dtype(dtype))
