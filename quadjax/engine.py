@@ -583,10 +583,10 @@ def simulate(
             config=config, backend=backend)
 
     policy, cs0, per_tick = _policy(commands, controller, ctrl_params, ctrl_state)
-    # the whole horizon in one native call (quadjax.native.loop) when the tick carries all it needs:
-    # its physics then in the component form, compiled with the rest of the tick
-    whole = on_native and per_tick is None and wind is None and wrench is None and not config.save_every \
-        and jax.default_backend() == "cpu"
+    # the whole horizon in one native call (quadjax.native.loop), series streamed in and saved
+    # outputs streamed out: the physics then in the component form, compiled with the rest of the
+    # tick (not under jax.checkpoint: the native loop's derivatives run the XLA scan whole)
+    whole = on_native and not config.checkpoint and jax.default_backend() == "cpu"
     traj = None
     if whole:
         physics = _Physics(params, dt, config, False, R)
@@ -706,8 +706,7 @@ def _where(flag, a, b):
 def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks, edit, observer, config, backend,
          whole=False):
     """The tick scan with hooks: every closed loop, every checked, hooked or observed run.
-    ``whole``: the ticks go to :func:`quadjax.native.loop.run_ticks` (nothing saved, no series);
-    None if it cannot compile them."""
+    ``whole``: the ticks go to :func:`quadjax.native.loop.run_ticks`; None if it cannot compile them."""
     params, dt = physics.params, physics.dt
     dtype = dt.dtype
     start = physics.start()  # a vehicle that does not start ok never flies
@@ -767,9 +766,10 @@ def _run(physics, state0, cs0, policy, per_tick, wind, wrench, num_ticks, hooks,
     if whole:
         from quadjax.native.loop import run_ticks
 
-        c, out = run_ticks(lambda c, k: tick(c, (k, None, None, None))[0], carry0, num_ticks), None
-        if c is None:
+        ran = run_ticks(lambda c, k, x: tick(c, (k, *x)), carry0, xs[1:], num_ticks, config.save_every)
+        if ran is None:
             return None
+        c, out = ran
     else:
         c, out = _drive(tick, carry0, xs, num_ticks, config)
     saved = out or {}
@@ -790,8 +790,13 @@ def _drive(tick, carry0, xs, num_ticks, config: SimConfig):
     """Scan ``tick(carry, x) -> (carry, y)`` over the ticks; ``y`` kept every ``save_every``-th
     tick, stacked on a leading time axis (None for ``save_every`` = 0)."""
     body = jax.checkpoint(tick) if config.checkpoint else tick
-    every, unroll = config.save_every, config.unroll
+    return scan_ticks(body, carry0, xs, num_ticks, config.save_every, config.unroll)
 
+
+def scan_ticks(body, carry0, xs, num_ticks: int, every: int, unroll: int = 1):
+    """The engine's time loop on XLA: ``lax.scan`` of ``body(carry, x) -> (carry, y)`` over
+    ``xs`` (leading axis ``num_ticks``), ``y`` kept every ``every``-th tick, stacked on a leading
+    time axis (None for ``every`` = 0); the other ticks' ``y`` is never computed."""
     def quiet(c, x):
         return body(c, x)[0], None
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -391,14 +392,19 @@ def test_cli_errors_are_one_line_and_print_config_is_loadable(capsys, tmp_path):
     assert c.vehicles == 100 and c.gusts["sigma"] == [2.0, 2.0, 1.0]
 
 
-def test_cpu_devices_one_per_core_only_where_the_extra_compilations_pay(capsys):
-    from quadjax.sweep.cli import MANY_DEVICES_FROM, cpu_devices
+def test_cpu_devices_one_per_core_only_where_the_extra_compilations_pay(capsys, monkeypatch):
+    from quadjax.sweep.cli import MANY_DEVICES_FROM, cpu_devices, whole_native_flight
 
     cores = len(os.sched_getaffinity(0))
-    short = cfg.from_dict({})  # the default sweep: 4096 × 2500 = 1.0e7 vehicle-ticks
+    short = cfg.from_dict({"sensor_noise": {"enabled": True}})  # 4096 × 2500 = 1.0e7 vehicle-ticks, per tick
+    assert not whole_native_flight(short)
     assert short.vehicles * short.num_ticks < MANY_DEVICES_FROM and cpu_devices(short) == 1
-    long = cfg.from_dict({"vehicles": 16384})  # 4.1e7
+    long = cfg.from_dict({"vehicles": 16384, "sensor_noise": {"enabled": True}})  # 4.1e7
     assert long.vehicles * long.num_ticks >= MANY_DEVICES_FROM and cpu_devices(long) == cores
+    whole = cfg.from_dict({"vehicles": 16384})  # the flight threads itself in the native loop: one device
+    assert cpu_devices(whole) == (1 if whole_native_flight(whole) else cores)
+    monkeypatch.setenv("QUADJAX_NATIVE", "0")
+    assert not whole_native_flight(whole) and cpu_devices(whole) == cores
     assert cpu_devices(short, 3) == 3
     assert cli_main(["sweep", "--cpu-devices", "0"]) == 2
     assert capsys.readouterr().err.strip() == "quadjax sweep: error: --cpu-devices 0: needs at least 1"
@@ -430,11 +436,15 @@ def test_sweep_equals_the_engine_closed_loop():
     static, values = sweep.runner.prepare(conf)
     index = jnp.arange(8, dtype=jnp.int32)
     # values traced, as the sweep passes them (closed over, XLA would fold them as constants)
-    out, counts, _ = jax.jit(lambda v, i: qj.map_vehicles(
+    out, samples, _ = jax.jit(lambda v, i: qj.map_vehicles(
         lambda j: sweep.runner.fly_vehicle(static, v, j), (i,), (0,)))(values, index)
     for k, x in out.items():
         np.testing.assert_array_equal(np.asarray(x), swept.vehicles[k], err_msg=k)
-    np.testing.assert_array_equal(np.asarray(counts).sum(0), swept.counts)
+    samples = np.asarray(samples)  # each tick's error while flying (the histogram's samples), −1 after
+    flying = samples >= 0
+    assert flying.sum() == swept.vehicles["samples"].sum() == conf.num_ticks * 8
+    counts = np.bincount(np.asarray(conf.histogram.index(jnp.asarray(samples[flying]))), minlength=len(swept.counts))
+    np.testing.assert_array_equal(counts, swept.counts)
 
     nominal = qj.presets.get(conf.preset, dtype=F32)
     reference = sweep.runner.make_reference(conf.trajectory, conf.duration, F32)
@@ -461,3 +471,45 @@ def test_sweep_equals_the_engine_closed_loop():
     assert swept.summary["crashed"] == 0 and np.all(np.asarray(status) == 0)
     np.testing.assert_allclose(np.asarray(energy), swept.vehicles["energy"], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(final_error), swept.vehicles["final_error"], rtol=1e-4, atol=1e-6)
+
+
+def test_the_summary_is_the_same_on_both_backends(tmp_path):
+    """The same gusty sweep flown whole in the native loop (this process) and on XLA (a child
+    with QUADJAX_NATIVE=0): the same crashes, the printed table identical, every figure equal to
+    rounding (the two compile the same tick to different code: not bit for bit)."""
+    from quadjax import native
+
+    conf = small(vehicles=24, chunk_size=8, block_size=8, keep_trajectories=3, mission={"duration": 1.0},
+                 sensor_noise={"enabled": False})
+    assert conf.gusts is not None
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler: the native loop is unavailable")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the flight compiles whole: no fallback
+        here = sweep.run_sweep(conf, tmp_path / "native", plots=False)
+    assert json.loads((tmp_path / "native" / "manifest.json").read_text())["versions"]["backend"] == "native"
+    (tmp_path / "c.toml").write_text(cfg.to_toml(conf.resolved))
+    env = dict(os.environ, QUADJAX_NATIVE="0", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-m", "quadjax.cli", "sweep", "--config", str(tmp_path / "c.toml"),
+                           "--out", str(tmp_path / "xla"), "--no-plots"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    there = json.loads((tmp_path / "xla" / "summary.json").read_text())
+    assert json.loads((tmp_path / "xla" / "manifest.json").read_text())["versions"]["backend"] == "xla"
+    mine = json.loads(json.dumps(here.summary))
+    mine.pop("timings_s"), there.pop("timings_s")
+    assert mine["crashed"] == there["crashed"] and mine["crash_causes"] == there["crash_causes"]
+    assert S.format_table(mine) == S.format_table(there)
+
+    def numbers(d, path=""):
+        for k, x in sorted(d.items()):
+            if isinstance(x, dict):
+                yield from numbers(x, path + k + ".")
+            elif isinstance(x, (int, float)) and x is not None:
+                yield path + k, float(x)
+
+    theirs = dict(numbers(there))
+    for k, x in numbers(mine):
+        assert math.isclose(x, theirs[k], rel_tol=1e-4, abs_tol=1e-7), (k, x, theirs[k])
+    with np.load(tmp_path / "xla" / "vehicles.npz") as z:
+        np.testing.assert_allclose(here.vehicles["rms_error"], z["rms_error"], rtol=1e-4)

@@ -260,18 +260,30 @@ template <class V, class M> inline V qj_vfloat(M m) { return m ? (V{} + 1) : V{}
     for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) { auto x = a[l]; r[l] = EXPR; } \
     return r;                                                                      \
   }
+// a libm call per lane costs far more than the arithmetic around it; where every lane holds the
+// same argument (a reference trajectory at the tick's time), one call serves them all
+#define QJ_LIBM(NAME, EXPR)                                                        \
+  template <class V> inline V NAME(V a) {                                          \
+    bool same = true;                                                              \
+    for (unsigned l = 1; l < sizeof(V) / sizeof(a[0]); ++l) same &= a[l] == a[0];  \
+    if (same) { auto x = a[0]; return (V{} + 1) * (EXPR); }                         \
+    V r;                                                                           \
+    for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) { auto x = a[l]; r[l] = EXPR; } \
+    return r;                                                                      \
+  }
 QJ_LANEWISE(qj_vsqrt, std::sqrt(x))
 QJ_LANEWISE(qj_vrsqrt, 1 / std::sqrt(x))
 QJ_LANEWISE(qj_vfabs, std::fabs(x))
-QJ_LANEWISE(qj_vexp, std::exp(x))
-QJ_LANEWISE(qj_vlog, std::log(x))
-QJ_LANEWISE(qj_vsin, std::sin(x))
-QJ_LANEWISE(qj_vcos, std::cos(x))
-QJ_LANEWISE(qj_vtan, std::tan(x))
-QJ_LANEWISE(qj_vtanh, std::tanh(x))
+QJ_LIBM(qj_vexp, std::exp(x))
+QJ_LIBM(qj_vlog, std::log(x))
+QJ_LIBM(qj_vsin, std::sin(x))
+QJ_LIBM(qj_vcos, std::cos(x))
+QJ_LIBM(qj_vtan, std::tan(x))
+QJ_LIBM(qj_vtanh, std::tanh(x))
 QJ_LANEWISE(qj_vsign, (x > 0) - (x < 0))
 QJ_LANEWISE(qj_vtrunc, std::trunc(x))
 #undef QJ_LANEWISE
+#undef QJ_LIBM
 template <class V> inline V qj_vfmod(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::fmod(a[l], b[l]); return r; }
 template <class V> inline V qj_vpow(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::pow(a[l], b[l]); return r; }
 """
@@ -390,8 +402,12 @@ class _Generator:
             pred, cases = xs[0], xs[1:]
             if not isinstance(pred, _Sym):
                 return cases[int(pred)]
-            if len(cases) != 2:
-                raise UnsupportedPrimitive("quadjax.native.generate: select_n with more than two cases")
+            if len(cases) > 2:  # an integer index (jnp.select, lax.switch's values): a chain of two-way selects
+                p, chosen = dtypes[0], cases[0]
+                for i, case in enumerate(cases[1:], 1):
+                    hit = self.scalar("eq", {}, [pred, _const(i, p)], [p, p], np.dtype(np.bool_))
+                    chosen = self.scalar("select_n", {}, [hit, chosen, case], [np.dtype(np.bool_), dtype, dtype], dtype)
+                return chosen
             if cases[0] is cases[1] or (not isinstance(cases[0], _Sym) and not isinstance(cases[1], _Sym)
                                         and _same(cases[0], cases[1])):
                 return cases[0]
@@ -553,6 +569,11 @@ class _Generator:
             best, at = moved[idx + (0,)], _const(0, idt)
             for k in range(1, moved.shape[-1]):
                 y = moved[idx + (k,)]
+                if d == b:  # the first true (a lane's true mask is all ones, −1 as an integer: no ">")
+                    take = self.scalar("and", {}, [y, self.scalar("not", {}, [best], [b], b)], [b, b], b)
+                    best = self.scalar("or", {}, [best, y], [b, b], b)
+                    at = self.scalar("select_n", {}, [take, at, _const(k, idt)], [b, idt, idt], idt)
+                    continue
                 bigger = self.scalar("gt", {}, [y, best], [d, d], b)
                 y_nan = self.scalar("ne", {}, [y, y], [d, d], b)
                 best_num = self.scalar("eq", {}, [best, best], [d, d], b)
@@ -713,11 +734,14 @@ class KernelSource:
     lanes: int
 
 
-def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace: str, lanes: int) -> KernelSource:
+def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace: str, lanes: int,
+                    emit: str | None = None) -> KernelSource:
     """C++ struct ``namespace`` with a block step over W = ``lanes`` vehicles in vector lanes.
 
     ``step(*args.values())`` is traced for one vehicle; its result must have the layout of
-    ``args[carry]``. The struct defines ``W``, ``NH``, ``N_<name>`` (each input's size),
+    ``args[carry]`` or, with ``emit``, be a pair (the new carry, a per-step output written to
+    the array ``emit``, the step's last argument; its layout is ``layouts[emit]``).
+    The struct defines ``W``, ``NH``, ``N_<name>`` (each input's size),
     ``NL_<name>`` and ``L_<name>`` (its number of leaves and their sizes), the vector types ``V`` / ``M``, and
 
     * ``void prologue(const V* <invariant...>, V* H)``: what depends on the ``invariant``
@@ -730,6 +754,9 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
     """
     values = list(args.values())
     closed = jax.make_jaxpr(step)(*values)
+    layouts = {name: Layout.of(tree) for name, tree in args.items()}
+    if emit is not None:
+        layouts[emit] = Layout.of(jax.eval_shape(step, *values)[1])
     leaves = jax.tree_util.tree_leaves(values)
     dtypes = {_dtype(x) for x in leaves}
     if len(dtypes) != 1 or next(iter(dtypes)) not in (np.float32, np.float64):
@@ -744,19 +771,23 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
     out = _VectorEmitter(invariant_syms)
     outs = _Generator(out).run(closed.jaxpr, closed.consts, [(x, dtype) for x in named])
     flat = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
-    layouts = {name: Layout.of(tree) for name, tree in args.items()}
-    if len(flat) != layouts[carry].size:
-        raise ValueError(f"generate_kernel: the step returns {len(flat)} values for a {carry} of {layouts[carry].size}")
+    n_x, n_y = layouts[carry].size, layouts[emit].size if emit is not None else 0
+    if len(flat) != n_x + n_y:
+        raise ValueError(f"generate_kernel: the step returns {len(flat)} values for a {carry} of {n_x}"
+                         + (f" and an {emit} of {n_y}" if emit is not None else ""))
     F = _CTYPE[dtype]
     mask = "int32_t" if dtype == np.float32 else "int64_t"
+    # every result is computed before the first store: the carry is updated in place
     results = [f"  const V o{k} = {out.expr(x, d) if d != np.bool_ else f'qj_vfloat<V>({out.expr(x, d)})'};"
                for k, (x, d) in enumerate(flat)]
-    stores = [f"  {carry}[{k}] = o{k};" for k in range(len(flat))]
+    stores = [f"  {carry}[{k}] = o{k};" if k < n_x else f"  {emit}[{k - n_x}] = o{k};" for k in range(len(flat))]
     ptrs = ", ".join(f"{'' if n == carry else 'const '}V* __restrict {n}" for n in args)
+    if emit is not None:
+        ptrs += f", V* __restrict {emit}"
     sizes = "".join(f"  static constexpr int N_{n} = {layouts[n].size};\n"
                     f"  static constexpr int NL_{n} = {len(layouts[n].entries)};\n"
                     f"  static constexpr int L_{n}[] = {{{', '.join(str(math.prod(e[1])) for e in layouts[n].entries)}}};\n"
-                    for n in args)
+                    for n in layouts)
     inv = ", ".join(f"const V* __restrict {n}" for n in invariant)
     source = (f"struct {namespace} {{\n  using F = {F};\n  static constexpr int W = {lanes};\n"
               f"  typedef F V __attribute__((vector_size(W * sizeof(F))));\n"

@@ -5,27 +5,33 @@
 // tick (quadjax.engine's closed loop: observer, controller, the held command's substeps, hooks,
 // status and freezing, traced for one vehicle), one struct K with
 //   K::prologue(P, H)         what depends on the tick's invariant inputs alone, once per block
-//   K::step(H, P, X, k)       one tick at tick index k for W vehicles, the carry X in place
+//   K::step(H, P, X, k, U, Y) one tick at tick index k for W vehicles: the carry X in place, the
+//                             tick's series row U read, its output Y written
 // over GCC vector types, and pastes it, then rollout.cc (whose helpers this file uses: DataTypeOf,
 // Gather, Parallel, Buf, Out, QJ_BUF), then this file, then its QUADJAX_LOOP line.
 //
-// Layouts (row-major, all of the float dtype; integers and flags of the carry as whole numbers):
-//   inputs  (Np, N_P)   Np = N or 1 (shared by every vehicle): what the tick reads and never
-//                       changes (params, controller params, hooks' constants)
-//   carry   (N, N_X)    what it carries (state, controller state, hooks, status)
-// Result: the carry after num_ticks ticks, (N, N_X).
+// Layouts (row-major, all of the float dtype; integers and flags as whole numbers):
+//   inputs  (Np, N_P)      Np = N or 1 (shared by every vehicle): what the tick reads and never
+//                          changes (params, controller params, hooks' constants)
+//   carry   (N, N_X)       what it carries (state, controller state, hooks, status)
+//   series  one argument per leaf l of what the tick reads at its own index (commands, wind,
+//           wrench), streamed: (Nu, Tu, L_U[l]), Nu = N or 1, Tu = num_ticks or 1 (one row for
+//           every tick); as XLA holds them (no copy to pack them), the last leaf (a spare) not passed
+// Results: the carry after num_ticks ticks (N, N_X), and of every `every`-th tick each leaf l of
+// the tick's output Y (N, S, L_Y[l]), S = num_ticks / every (none when every = 0): a result per
+// leaf, so that XLA gets each saved array as it is, with no copy to split them.
 
 namespace {
 
 template <class K>
 struct LoopBlock {
   using V = typename K::V;
-  V p[K::N_P], H[K::NH], x[K::N_X], k[K::N_k];
+  V p[K::N_P], H[K::NH], x[K::N_X], k[K::N_k], u[K::N_U], y[K::N_Y];
 };
 
 template <class K>
-ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> carry, Out<typename K::F> out,
-                int64_t num_ticks) {
+ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> carry, ffi::RemainingArgs series,
+                Out<typename K::F> out, ffi::RemainingRets saved, int64_t num_ticks, int64_t every) {
   using F = typename K::F;
   using V = typename K::V;
   constexpr int W = K::W;
@@ -34,25 +40,72 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   const int64_t n = xd[0];
   if (pd.size() != 2 || pd[1] != K::N_P || (pd[0] != n && pd[0] != 1))
     return ffi::Error::InvalidArgument("quadjax loop: inputs are not (N or 1, N_P)");
-  if (num_ticks < 0) return ffi::Error::InvalidArgument("quadjax loop: num_ticks < 0");
+  if (num_ticks < 0 || every < 0 || (every > 0 && num_ticks % every))
+    return ffi::Error::InvalidArgument("quadjax loop: num_ticks < 0, or every does not divide it");
+  constexpr int NU = K::NL_U - 1;  // the series' leaves (the last, a spare, not passed)
+  if (static_cast<int64_t>(series.size()) != NU) return ffi::Error::InvalidArgument("quadjax loop: not one series per leaf");
+  const F* U[K::NL_U] = {};
+  int64_t u_at[K::NL_U] = {}, u_stride[K::NL_U] = {}, t_stride[K::NL_U] = {};
+  bool streamed = false;  // any series longer than one row
+  for (int l = 0; l < NU; ++l) {
+    auto a = series.get<Buf<F>>(l);
+    if (!a.has_value()) return a.error();
+    auto ud = a->dimensions();
+    if (ud.size() != 3 || ud[2] != K::L_U[l] || (ud[0] != n && ud[0] != 1) || (ud[1] != num_ticks && ud[1] != 1))
+      return ffi::Error::InvalidArgument("quadjax loop: a series is not (N or 1, num_ticks or 1, its size)");
+    U[l] = a->typed_data();
+    u_at[l + 1] = u_at[l] + K::L_U[l];
+    t_stride[l] = ud[1] == 1 ? 0 : K::L_U[l];
+    u_stride[l] = ud[0] == 1 ? 0 : ud[1] * K::L_U[l];
+    streamed |= ud[1] != 1;
+  }
+  // one result per leaf of the tick's output (the last leaf, a spare, is not returned)
+  const int64_t S = every ? num_ticks / every : 0;
+  constexpr int NY = K::NL_Y - 1;
+  if (static_cast<int64_t>(saved.size()) != (every ? NY : 0))
+    return ffi::Error::InvalidArgument("quadjax loop: not one saved result per output leaf");
+  F* Y[K::NL_Y] = {};
+  int64_t y_at[K::NL_Y] = {};
+  for (int l = 0; l < (every ? NY : 0); ++l) {
+    auto r = saved.get<Buf<F>>(l);
+    if (!r.has_value()) return r.error();
+    auto yd = (*r)->dimensions();
+    if (yd.size() != 3 || yd[0] != n || yd[1] != S || yd[2] != K::L_Y[l])
+      return ffi::Error::InvalidArgument("quadjax loop: a saved output is not (N, num_ticks / every, its size)");
+    Y[l] = (*r)->typed_data();
+    y_at[l + 1] = y_at[l] + K::L_Y[l];
+  }
   const F *P = params.typed_data(), *X = carry.typed_data();
-  F* Y = out->typed_data();
+  F* Xo = out->typed_data();
   const int64_t p_stride = pd[0] == 1 ? 0 : K::N_P;
   Parallel<LoopBlock<K>>(pool, (n + W - 1) / W, n * num_ticks >= (int64_t{1} << 10), [&](LoopBlock<K>& B, int64_t b) {
     const int64_t v0 = b * W;
     const int count = static_cast<int>(std::min<int64_t>(W, n - v0));
+    int64_t lane[W];
     for (int j = 0; j < W; ++j) {  // spare lanes repeat v0: finite numbers, results discarded
-      const int64_t v = v0 + (j < count ? j : 0);
-      Gather(B.p, P + v * p_stride, K::N_P, j);
-      Gather(B.x, X + v * K::N_X, K::N_X, j);
+      lane[j] = v0 + (j < count ? j : 0);
+      Gather(B.p, P + lane[j] * p_stride, K::N_P, j);
+      Gather(B.x, X + lane[j] * K::N_X, K::N_X, j);
     }
+    for (int i = 0; i < K::N_U; ++i) B.u[i] = V{};  // the spare
     K::prologue(B.p, B.H);
-    for (int64_t t = 0; t < num_ticks; ++t) {
+    for (int64_t t = 0, s = 0; t < num_ticks; ++t) {
       B.k[0] = V{} + static_cast<F>(t);  // whole numbers: exact below 2^24 (float32) ticks
-      K::step(B.H, B.p, B.x, B.k);
+      if (t == 0 || streamed)
+        for (int l = 0; l < NU; ++l)
+          for (int j = 0; j < W; ++j) Gather(B.u + u_at[l], U[l] + lane[j] * u_stride[l] + t * t_stride[l], K::L_U[l], j);
+      K::step(B.H, B.p, B.x, B.k, B.u, B.y);
+      if (every && (t + 1) % every == 0) {
+        for (int l = 0; l < NY; ++l)
+          for (int j = 0; j < count; ++j) {
+            F* row = Y[l] + ((v0 + j) * S + s) * K::L_Y[l];
+            for (int i = 0; i < K::L_Y[l]; ++i) row[i] = B.y[y_at[l] + i][j];
+          }
+        ++s;
+      }
     }
     for (int j = 0; j < count; ++j)
-      for (int i = 0; i < K::N_X; ++i) Y[(v0 + j) * K::N_X + i] = B.x[i][j];
+      for (int i = 0; i < K::N_X; ++i) Xo[(v0 + j) * K::N_X + i] = B.x[i][j];
   });
   return ffi::Error::Success();
 }
@@ -63,6 +116,7 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Loop<K>),                                                       \
                                 ffi::Ffi::Bind()                                                       \
                                     .Ctx<ffi::ThreadPool>()                                            \
-                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                                 \
-                                    .Ret<QJ_BUF(K)>()                                                  \
-                                    .Attr<int64_t>("num_ticks"))
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().RemainingArgs()                 \
+                                    .Ret<QJ_BUF(K)>().RemainingRets()                                  \
+                                    .Attr<int64_t>("num_ticks")                                        \
+                                    .Attr<int64_t>("every"))

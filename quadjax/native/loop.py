@@ -1,14 +1,16 @@
 """Closed loops at kernel speed (issue 14): the engine's own tick, the whole horizon in one
 generated native call on the CPU.
 
-One engine. :func:`quadjax.simulate`'s closed loop (observer, controller, the held command's RK4
-substeps, hooks, status codes and freezing) is one per-vehicle ``tick(carry, k)``. On the CPU
-with ``backend="auto"`` or ``"native"``, when nothing is saved per tick and no wind or wrench
-series streams in, the engine hands that tick to :func:`run_ticks`: it binds :data:`loop_p`,
-whose batching rule (``jax.vmap`` over vehicles, the way users fly fleets) generates C++ from the
-tick's jaxpr (:func:`quadjax.native.generate.generate_kernel`: W vehicles in vector lanes, what
-depends on the tick's invariant inputs hoisted per block) and runs every tick of the horizon in
-one call (``native/loop.cc``). A tick the generator cannot compile (a PRNG's bitwise integer
+One engine. :func:`quadjax.simulate`'s loop with per-tick work (observer, controller or replayed
+commands, the held command's RK4 substeps, hooks, status codes and freezing) is one per-vehicle
+``tick(carry, k, x) -> (carry, y)``: ``x`` the tick's row of the streamed series (commands, wind,
+wrench), ``y`` what is saved (states, commands, hooks' outputs). On the CPU with
+``backend="auto"`` or ``"native"`` the engine hands that tick to :func:`run_ticks`: it binds
+:data:`loop_p`, whose batching rule (``jax.vmap`` over vehicles, the way users fly fleets)
+generates C++ from the tick's jaxpr (:func:`quadjax.native.generate.generate_kernel`: W vehicles
+in vector lanes, what depends on the tick's invariant inputs hoisted per block) and runs every
+tick of the horizon in one call (``native/loop.cc``), reading each tick's series row and writing
+every ``every``-th tick's output as it goes. A tick the generator cannot compile (a PRNG's bitwise integer
 arithmetic, a data-dependent loop) takes the engine's per-tick path instead, with a warning naming
 the primitive; so does one vehicle (no ``vmap``). Derivatives run the same tick on XLA (a JVP
 rule). The whole loop equals the per-tick path to rounding, not bit for bit (the physics is the
@@ -45,18 +47,29 @@ def _as(x, dtype):
     return x != 0 if np.dtype(dtype) == np.bool_ else x.astype(dtype)
 
 
-def _tick_impl(*args, jaxpr, n_consts: int, num_ticks: int):
-    """:data:`loop_p` on XLA: ``fori_loop`` over the ticks of one vehicle's tick jaxpr."""
-    consts, carry = args[:n_consts], args[n_consts:]
-
-    def body(k, c):  # the jaxpr's tick index is int32 (fori_loop's may be int64 under x64)
-        return tuple(jax.core.eval_jaxpr(jaxpr, consts, *c, jnp.asarray(k, jnp.int32)))
-
-    return list(jax.lax.fori_loop(0, num_ticks, body, tuple(carry)))
+def _split(args, n_consts: int, n_carry: int):
+    return args[:n_consts], args[n_consts:n_consts + n_carry], args[n_consts + n_carry:]
 
 
-def _abstract(*args, jaxpr, n_consts, num_ticks):
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in args[n_consts:]]
+def _tick_impl(*args, jaxpr, n_consts: int, n_carry: int, num_ticks: int, every: int):
+    """:data:`loop_p` on XLA: the engine's scan over the ticks of one vehicle's tick jaxpr."""
+    from quadjax.engine import scan_ticks
+
+    consts, carry, xs = _split(args, n_consts, n_carry)
+
+    def body(c, kx):
+        out = jax.core.eval_jaxpr(jaxpr, consts, *c, *kx)
+        return tuple(out[:n_carry]), tuple(out[n_carry:])
+
+    c, ys = scan_ticks(body, tuple(carry), (jnp.arange(num_ticks, dtype=jnp.int32), *xs), num_ticks, every)
+    return list(c) + (list(ys) if every else [])
+
+
+def _abstract(*args, jaxpr, n_consts, n_carry, num_ticks, every):
+    carry = [jax.core.ShapedArray(a.shape, a.dtype) for a in args[n_consts:n_consts + n_carry]]
+    saved = [jax.core.ShapedArray((num_ticks // every,) + tuple(v.aval.shape), v.aval.dtype)
+             for v in jaxpr.outvars[n_carry:]] if every else []
+    return carry + saved
 
 
 loop_p = jax.extend.core.Primitive("quadjax_loop")
@@ -75,21 +88,28 @@ ad.primitive_jvps[loop_p] = _loop_jvp
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, dtype) -> tuple:
-    """(None or why the kernel is unavailable, its FFI target, the carry's size) for this tick."""
+def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, x_avals: tuple, dtype) -> tuple:
+    """(None or why the kernel is unavailable, its FFI target, the carry's size) for this tick;
+    ``x_avals`` one tick's row of each series."""
     from quadjax import native
 
-    def step(P, X, k):
+    n_carry = len(carry_avals)
+
+    def step(P, X, k, U):
         consts = [_as(x, a.dtype) for x, a in zip(P, const_avals)]
         carry = [_as(x, a.dtype) for x, a in zip(X, carry_avals)]
-        out = jax.core.eval_jaxpr(jaxpr, consts, *carry, _as(k, np.int32))
-        return tuple(jnp.asarray(x).astype(dtype) for x in out)
+        xs = [_as(x, a.dtype) for x, a in zip(U, x_avals)]
+        out = [jnp.asarray(x).astype(dtype) for x in jax.core.eval_jaxpr(jaxpr, consts, *carry, _as(k, np.int32), *xs)]
+        return tuple(out[:n_carry]), tuple(out[n_carry:]) + (jnp.zeros((), dtype),)  # + a spare: never empty
 
-    floats = {"P": tuple(jax.ShapeDtypeStruct(a.shape, dtype) for a in const_avals) + (jax.ShapeDtypeStruct((), dtype),),
-              "X": tuple(jax.ShapeDtypeStruct(a.shape, dtype) for a in carry_avals),
-              "k": jax.ShapeDtypeStruct((), dtype)}
+    def floats(avals, spare=False):
+        return tuple(jax.ShapeDtypeStruct(a.shape, dtype) for a in avals) + ((jax.ShapeDtypeStruct((), dtype),)
+                                                                             if spare else ())
+
+    args = {"P": floats(const_avals, True), "X": floats(carry_avals), "k": jax.ShapeDtypeStruct((), dtype),
+            "U": floats(x_avals, True)}
     try:
-        ks = generate_kernel(step, floats, carry="X", invariant=("P",), namespace=_NAMESPACE,
+        ks = generate_kernel(step, args, carry="X", invariant=("P",), namespace=_NAMESPACE, emit="Y",
                              lanes=native.VECTOR_BYTES // np.dtype(dtype).itemsize)
     except UnsupportedPrimitive as err:
         warnings.warn(f"quadjax: this closed loop runs on XLA, not in the native kernel: {err}", RuntimeWarning,
@@ -101,50 +121,66 @@ def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, dtype) -> tuple:
     return native.load_library(text, (target,), "native closed-loop kernel"), target, ks.layouts["X"].size
 
 
-def _compiled(jaxpr, avals: list, n_consts: int) -> tuple:
-    """(None or why not, target, carry width, dtype): the tick's kernel for one vehicle's
-    ``avals`` (the invariant inputs, then the carry), generated and built at most once."""
+def _compiled(jaxpr, avals: list, n_consts: int, n_carry: int) -> tuple:
+    """(None or why not, target, carry width, dtype): the tick's kernel for one
+    vehicle's ``avals`` (the invariant inputs, the carry, one tick's row of each series),
+    generated and built at most once."""
     floats = {np.dtype(a.dtype) for a in avals if np.issubdtype(a.dtype, np.floating)}
     if len(floats) != 1:
         return "the tick mixes float dtypes", None, 0, None
     dtype = floats.pop()
-    return (*_kernel(jaxpr, tuple(avals[:n_consts]), tuple(avals[n_consts:]), dtype), dtype)
+    consts, carry, xs = _split(tuple(avals), n_consts, n_carry)
+    return (*_kernel(jaxpr, consts, carry, xs, dtype), dtype)
 
 
-def _rows(xs, flags, avals, n: int, lead: int, dtype) -> jax.Array:
-    """``xs`` (each batched or not, per ``flags``) as one (lead, size) block of ``dtype`` rows."""
-    return jnp.concatenate([jnp.broadcast_to(jnp.reshape(jnp.asarray(x).astype(dtype), (n if b else 1, -1)),
-                                             (lead, math.prod(a.shape))) for x, b, a in zip(xs, flags, avals)]
-                           + [jnp.zeros((lead, 0), dtype)], axis=1)
+def _rows(xs, flags, lead: int, dtype) -> jax.Array:
+    """``xs`` (each batched, with a leading vehicle axis, or not, per ``flags``) as one
+    (lead, size) block of ``dtype`` rows, with a spare zero column (never empty)."""
+    parts = [jnp.broadcast_to(jnp.reshape(jnp.asarray(x).astype(dtype), (x.shape[0] if b else 1, -1)),
+                              (lead, math.prod(x.shape[1:] if b else x.shape))) for x, b in zip(xs, flags)]
+    return jnp.concatenate(parts + [jnp.zeros((lead, 1), dtype)], axis=-1)
 
 
-def _loop_batched(args, dims, *, jaxpr, n_consts, num_ticks):
+def _unrows(out, avals, lead: tuple) -> list:
+    """The leaves of ``avals`` from the columns of ``out`` (…, width), ``lead`` their leading shape."""
+    results, at = [], 0
+    for a in avals:
+        k = math.prod(a.shape)
+        results.append(_as(jnp.reshape(out[..., at:at + k], lead + tuple(a.shape)), a.dtype))
+        at += k
+    return results
+
+
+def _loop_batched(args, dims, *, jaxpr, n_consts, n_carry, num_ticks, every):
     """vmap over vehicles: every tick of the horizon in one native call (or XLA's loop, vmapped)."""
     args = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
     batched = [d is not None for d in dims]
     n = next(x.shape[0] for x, b in zip(args, batched) if b)
     per = [_aval(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(args, batched)]
-    why, target, width, dtype = _compiled(jaxpr, per, n_consts)
-    xla = jax.vmap(functools.partial(_tick_impl, jaxpr=jaxpr, n_consts=n_consts, num_ticks=num_ticks),
-                   in_axes=tuple(0 if b else None for b in batched))
+    tick_avals = per[:n_consts + n_carry] + [_aval(a.shape[1:], a.dtype) for a in per[n_consts + n_carry:]]
+    why, target, width, dtype = _compiled(jaxpr, tick_avals, n_consts, n_carry)
+    params = dict(jaxpr=jaxpr, n_consts=n_consts, n_carry=n_carry, num_ticks=num_ticks, every=every)
+    xla = jax.vmap(functools.partial(_tick_impl, **params), in_axes=tuple(0 if b else None for b in batched))
     if why is not None:
         out = xla(*args)
         return out, [0] * len(out)
+    y_avals = [v.aval for v in jaxpr.outvars[n_carry:]] if every else []
 
     @jax.custom_jvp
     def native_call(*args):
-        rows = n if any(batched[:n_consts]) else 1  # the invariant inputs: one row each vehicle, or one for all
-        P = jnp.concatenate([_rows(args[:n_consts], batched[:n_consts], per[:n_consts], n, rows, dtype),
-                             jnp.zeros((rows, 1), dtype)], axis=1)  # + the kernel's spare input: never empty
-        X = _rows(args[n_consts:], batched[n_consts:], per[n_consts:], n, n, dtype)
-        out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((n, width), dtype), vmap_method="sequential")(
-            P, X, num_ticks=np.int64(num_ticks))
-        results, at = [], 0
-        for a in per[n_consts:]:
-            k = math.prod(a.shape)
-            results.append(_as(jnp.reshape(out[:, at:at + k], (n,) + tuple(a.shape)), a.dtype))
-            at += k
-        return results
+        consts, carry, xs = _split(args, n_consts, n_carry)
+        fc, fx, fs = _split(batched, n_consts, n_carry)
+        P = _rows(consts, fc, n if any(fc) else 1, dtype)  # one row each vehicle, or one for all
+        X = _rows(carry, fx, n, dtype)[:, :-1]
+        # each series as XLA holds it (N or 1, T, size): no copy to pack them
+        U = [jnp.reshape(jnp.asarray(x).astype(dtype), (n if b else 1, num_ticks, -1)) for x, b in zip(xs, fs)]
+        S = num_ticks // every if every else 0
+        shapes = [(n, width)] + [(n, S, math.prod(a.shape)) for a in y_avals]  # a result per saved leaf
+        final, *saved = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(x, dtype) for x in shapes],
+                                         vmap_method="sequential")(P, X, *U, num_ticks=np.int64(num_ticks),
+                                                                   every=np.int64(every))
+        return _unrows(final, per[n_consts:n_consts + n_carry], (n,)) + [
+            _as(jnp.reshape(y, (n, S) + tuple(a.shape)), a.dtype) for y, a in zip(saved, y_avals)]
 
     # differentiated (a grad around the vmap): the same ticks on XLA, differentiated by JAX
     native_call.defjvp(lambda primals, tangents: jax.jvp(xla, primals, tangents))
@@ -155,29 +191,40 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, num_ticks):
 batching.primitive_batchers[loop_p] = _loop_batched
 
 
-def run_ticks(tick, carry0, num_ticks: int):
-    """``carry`` after ``num_ticks`` ticks of ``tick(carry, k) -> carry`` (k the int32 tick index)
-    from ``carry0``: the engine's closed loop on the CPU, under ``jax.vmap`` in one native call
-    for the whole horizon (the module's docstring). None (the caller then runs its own loop) for
-    one vehicle (no ``vmap``: the per-tick path is as fast, and its results stay bit for bit the
-    same whether or not states are saved) and for a tick the generator cannot compile (a
-    warning names the primitive)."""
+def run_ticks(tick, carry0, xs, num_ticks: int, every: int = 0):
+    """(carry, ys) after ``num_ticks`` ticks of ``tick(carry, k, x) -> (carry, y)`` from
+    ``carry0``: k the int32 tick index, ``x`` tick k's row of the series ``xs`` (leaves with a
+    leading axis of ``num_ticks``), ``ys`` every ``every``-th tick's ``y`` stacked on a leading
+    axis (None for ``every`` = 0). The engine's loop on the CPU, under ``jax.vmap`` in one native
+    call for the whole horizon (the module's docstring). None (the caller then runs its own
+    loop) for one vehicle (no ``vmap``: the per-tick path is as fast, and its results stay bit
+    for bit the same whether or not states are saved) and for a tick the generator cannot
+    compile (a warning names the primitive)."""
     leaves, treedef = jax.tree_util.tree_flatten(carry0)
+    x_leaves, x_tree = jax.tree_util.tree_flatten(xs)
+    y_tree = []
 
     def flat(*args):
-        *c, k = args
-        return jax.tree_util.tree_leaves(tick(jax.tree_util.tree_unflatten(treedef, c), k))
+        c, k, x = args[:len(leaves)], args[len(leaves)], args[len(leaves) + 1:]
+        c1, y = tick(jax.tree_util.tree_unflatten(treedef, c), k, jax.tree_util.tree_unflatten(x_tree, x))
+        y_leaves, tree = jax.tree_util.tree_flatten(y if every else None)  # nothing saved: not computed
+        y_tree.append(tree)
+        return jax.tree_util.tree_leaves(c1) + y_leaves
 
-    closed = jax.make_jaxpr(flat)(*leaves, jnp.zeros((), jnp.int32))
+    rows = [jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)) for x in x_leaves]
+    closed = jax.make_jaxpr(flat)(*leaves, jnp.zeros((), jnp.int32), *rows)
     consts = closed.consts
-    if not any(hasattr(x, "batch_dim") for x in (*consts, *leaves)):  # one vehicle: the caller's own loop
+    if not any(hasattr(x, "batch_dim") for x in (*consts, *leaves, *x_leaves)):  # one vehicle: the caller's loop
         return None
     # vmap's tracers (a fleet): compile it now, so that a tick that cannot be falls back here
-    if _compiled(closed.jaxpr, [_aval(jnp.shape(x), jnp.result_type(x)) for x in (*consts, *leaves)],
-                 len(consts))[0] is not None:
+    avals = [_aval(jnp.shape(x), jnp.result_type(x)) for x in (*consts, *leaves)] + [_aval(r.shape, r.dtype)
+                                                                                      for r in rows]
+    if _compiled(closed.jaxpr, avals, len(consts), len(leaves))[0] is not None:
         return None
-    out = loop_p.bind(*consts, *leaves, jaxpr=closed.jaxpr, n_consts=len(consts), num_ticks=num_ticks)
-    return jax.tree_util.tree_unflatten(treedef, out)
+    out = loop_p.bind(*consts, *leaves, *x_leaves, jaxpr=closed.jaxpr, n_consts=len(consts), n_carry=len(leaves),
+                      num_ticks=num_ticks, every=every)
+    carry = jax.tree_util.tree_unflatten(treedef, out[:len(leaves)])
+    return carry, (jax.tree_util.tree_unflatten(y_tree[-1], out[len(leaves):]) if every else None)
 
 
 def _aval(shape, dtype) -> jax.core.ShapedArray:

@@ -61,14 +61,14 @@ def _thrusts(params: QuadParams, rotor_speeds, energy, commands):
 def _thrust(params: QuadParams, rotor_speeds, energy, commands=None) -> np.ndarray:
     """Tᵢ [N] of each sample by the model's own functions (battery sag included); jitted, so that
     a trace of many samples is one call, not one per operation."""
-    return np.asarray(_thrusts(params, np.asarray(rotor_speeds), np.asarray(energy),
-                               None if commands is None else np.asarray(commands)))
+    return np.asarray(jax.jit(_thrusts)(params, np.asarray(rotor_speeds), np.asarray(energy),
+                                        None if commands is None else np.asarray(commands)))
 
 
 def _hover_thrust(params: QuadParams) -> float:
     from quadjax.model import hover_thrusts
 
-    return float(np.mean(np.asarray(hover_thrusts(params))))
+    return float(np.mean(np.asarray(jax.jit(hover_thrusts)(params))))  # one compile, not one per op
 
 
 def _ground_events(on_ground, times, track: int | None) -> list[Event]:
@@ -214,7 +214,7 @@ def sweep_trace(source, *, title: str | None = None) -> Trace:
     # every kept vehicle's thrusts in one call, each with its own drawn parameters
     varied = config.random.varied_fields
     drawn = nominal.replace(**{f: jnp.asarray(vehicles["param_" + f][rows]) for f in varied})
-    each = jax.vmap(_thrusts, in_axes=(vehicle_axes(drawn, *varied), 0, 0, None))
+    each = jax.jit(jax.vmap(_thrusts, in_axes=(vehicle_axes(drawn, *varied), 0, 0, None)))  # one compile, not one per op
     thrusts = np.asarray(each(drawn, jnp.asarray(tr["rotor_speeds"]), jnp.asarray(tr["energy"]), None))
     tracks, events = [], []
     for j, (v, row) in enumerate(zip(index, rows)):

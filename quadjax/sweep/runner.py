@@ -14,7 +14,9 @@ drawn before the flight), and :class:`CrashRules` is the engine hook that judges
 * streaming statistics per vehicle, over the ticks it is still flying: sum of squared
   tracking error, max error, min cos(tilt), ticks saturated; energy is the state's own;
 * the fleet-wide tracking-error histogram (:class:`~quadjax.sweep.stats.ErrorHistogram`):
-  integer counts per vehicle, summed over the block (exact);
+  each tick's error while the vehicle flies is a per-tick output of the hook, binned and counted
+  over the block after the flight (integer counts, exact; a scatter-add inside the tick would
+  keep the tick out of the native loop);
 * full trajectories only for the first ``keep_trajectories`` vehicles of the sweep.
 
 The compiled unit is a *block* of ``block_size`` vehicles per device, ``vmap``-ed over the
@@ -44,9 +46,12 @@ sweep's bit for bit; every process aggregates the same chunk files and process 0
 outputs. Each step where one process can fail ends in a collective check, so one process's
 error stops all of them with the reason instead of leaving them waiting.
 
-On the CPU the physics of each tick (RK4 with the command held) runs in quadjax's native
-kernel (the engine's ``backend="auto"``), whose results do not depend on lanes at all; the
-controller and everything else stay in XLA, so the lane rule above still matters.
+On the CPU (the engine's ``backend="auto"``) the whole flight of a block's vehicles, tick after
+tick (flight stack, RK4 substeps, crash rules, statistics), runs in one generated native call
+(:mod:`quadjax.native.loop`), whose results do not depend on lanes at all; the gust series streams
+in, the histogram's samples and the kept trajectories stream out. The draws and the figures stay
+in XLA (and the whole flight does with sensor noise or the estimator, whose per-tick PRNG draws
+the generator cannot compile), so the lane rule above still matters.
 """
 
 from __future__ import annotations
@@ -219,20 +224,21 @@ def _flight_stack(static: Static, cp: dict, cs, state, t):
 
 def _gust_series(static: Static, v: dict, xi0, key, dtype):
     """The gust during each tick (T, 3) [m/s]: an OU process stepped every ``gust_every`` ticks
-    at the last of them, held in between; it does not depend on the flight, so it travels
-    into the engine as the wind input."""
-    every, n = static.gust_every, 15 if static.noise else 3
+    at the last of them (with that tick's draws), held in between; it does not depend on the
+    flight, so it travels into the engine as the wind input. The draws of every step at once,
+    then the OU recursion over the steps alone (not a scan over every tick)."""
+    every, T = static.gust_every, static.num_ticks
+    steps = -(-T // every)  # gust values held during the mission: the start and steps − 1 updates
+    ticks = jnp.arange(1, steps, dtype=jnp.int32) * every - 1
+    xi = jax.vmap(lambda k: _draws(key, k, 3, dtype))(ticks)
 
-    def step(g, k):
-        g1 = jax.lax.cond(
-            k % every == every - 1,  # k is the same for every vehicle: a real branch under vmap
-            lambda: gust_step(v["gusts"], g, _draws(key, k, n, dtype)[:3], every * v["dt"]),
-            lambda: g,
-        )
-        return g1, g
+    def step(g, z):
+        g = gust_step(v["gusts"], g, z, every * v["dt"])
+        return g, g
 
-    _, series = jax.lax.scan(step, gust_init(v["gusts"], xi0), jnp.arange(static.num_ticks, dtype=jnp.int32))
-    return series
+    g0 = gust_init(v["gusts"], xi0)
+    held = jnp.concatenate([g0[None], jax.lax.scan(step, g0, xi)[1]])
+    return jnp.repeat(held, every, axis=0, total_repeat_length=steps * every)[:T]
 
 
 @pytree_dataclass
@@ -241,9 +247,10 @@ class CrashRules(Hook):
     ground contact while the reference is more than ``clearance`` above the ground, tilt
     beyond ``cos_max_tilt``, tracking error beyond ``max_error`` or not finite) stops the
     vehicle with its :mod:`quadjax.status` code; while it flies, it folds the streaming
-    statistics and the fleet histogram's counts. Its per-tick output (the kept trajectories,
-    :data:`KEPT`) is the state after the tick (frozen at the state before it once the vehicle
-    stopped), the controller's mixer saturation report, the error and whether it flies."""
+    statistics. Its per-tick output is (the error while it flies, −1 once it stopped: the fleet
+    histogram's sample; the kept trajectory or None): the trajectory (:data:`KEPT`) is the
+    state after the tick (frozen at the state before it once the vehicle stopped), the
+    controller's mixer saturation report, the error and whether it flies."""
 
     reference: Any
     dt: jax.Array
@@ -257,7 +264,7 @@ class CrashRules(Hook):
     def init(self, params, state0, dt):
         zero = jnp.zeros((), dt.dtype)
         return {"err_sq": zero, "err_max": zero, "cos_tilt_min": zero + 1.0, "samples": jnp.zeros((), jnp.int32),
-                "sat_ticks": jnp.zeros((), jnp.int32), "counts": jnp.zeros(self.histogram.num_bins, jnp.int32)}
+                "sat_ticks": jnp.zeros((), jnp.int32)}
 
     def update(self, c, tick):
         params, s1 = tick.params, tick.after
@@ -279,47 +286,49 @@ class CrashRules(Hook):
             "cos_tilt_min": jnp.where(alive, jnp.minimum(c["cos_tilt_min"], cos_tilt), c["cos_tilt_min"]),
             "samples": c["samples"] + alive.astype(jnp.int32),
             "sat_ticks": c["sat_ticks"] + (alive & _saturated(params, tick.command, tick.ctrl_state[0])).astype(jnp.int32),
-            "counts": c["counts"].at[self.histogram.index(error)].add(alive.astype(jnp.int32)),
         }
+        sample = jnp.where(alive, error, -1.0)  # error >= 0 or NaN: −1 marks "not flying"
         if not self.keep:
-            return c, cause, None
+            return c, cause, (sample, None)
         shown = jax.tree_util.tree_map(lambda a, b: jnp.where(alive, a, b), s1, tick.before)
         report = _mixer_report(tick.ctrl_state[0])
         report = jnp.zeros(4, jnp.int8) if report is None else jnp.asarray(report).astype(jnp.int8)
-        return c, cause, (shown.position, shown.attitude, shown.body_rates, shown.rotor_speeds, shown.energy,
-                          report, error, alive)
+        return c, cause, (sample, (shown.position, shown.attitude, shown.body_rates, shown.rotor_speeds,
+                                   shown.energy, report, error, alive))
 
 
-def _vehicle(static: Static, v: dict, index):
-    """One vehicle of the sweep from its index: (drawn params, safe params, controller, state0, wind)."""
+def _draw(static: Static, v: dict, index):
+    """Vehicle ``index``'s draws: (its varied parameter fields, made safe and as drawn; its
+    initial state; its wind series or None; its tick and sensor keys)."""
     key = jax.random.fold_in(v["key"], index)
     k_params, k_init, k_ticks, k_sense = (jax.random.fold_in(key, j) for j in range(4))
     nominal, varied = v["nominal"], static.random.varied_fields
     safe, _ = sample_valid_params(nominal, static.random, v["random"], k_params)
     drawn = sample_params(nominal, static.random, v["random"], k_params)
-    # only the varied fields are per vehicle: the shared ones stay unbatched constants (the
-    # kernel then loads them once per thread, and XLA keeps them out of the vector loops)
-    params = nominal.replace(**{f: getattr(safe, f) for f in varied})
-    drawn = nominal.replace(**{f: getattr(drawn, f) for f in varied})
+    safe, drawn = ({f: getattr(p, f) for f in varied} for p in (safe, drawn))
+    params = nominal.replace(**safe)
     dtype = params.mass.dtype
-    ctrl = _controller_for(static, v["ctrl"], params)
     z = standard_normal(raw_draws(k_init, 15, dtype))
-    state = initial_state(params, ctrl.reference, v["initial"], z[:12].reshape(4, 3))
+    state = initial_state(params, v["ctrl"].reference, v["initial"], z[:12].reshape(4, 3))
     wind = params.wind + _gust_series(static, v, z[12:], k_ticks, dtype) if static.gusts else None
-    cp = {"ctrl": ctrl, "noise": v["noise"], "key": k_ticks, "sense_key": k_sense}
-    return drawn, params, cp, state, wind
+    return safe, drawn, state, wind, k_ticks, k_sense
 
 
-def fly_vehicle(static: Static, v: dict, index):
-    """Fly vehicle ``index`` of the sweep through the engine. Returns (its outputs, the engine's
-    Trajectory). Invalid parameter draws (I1) go to the engine as drawn, which stops them at
-    t = 0 (status 6); everything else about them is computed from the nominal vehicle."""
-    drawn, params, cp, state0, wind = _vehicle(static, v, index)
+def _flight(static: Static, v: dict, draws):
+    """Fly one drawn vehicle through the engine: (what its figures need, its histogram samples
+    (T,), its kept trajectory or None). Invalid parameter draws (I1) go to the engine as drawn,
+    which stops them at t = 0 (status 6); everything else about them is computed from the
+    nominal vehicle."""
+    safe, drawn, state0, wind, k_ticks, k_sense = draws
+    # only the varied fields are per vehicle: the shared ones stay unbatched constants (the
+    # kernel then loads them once per block, and XLA keeps them out of the vector loops)
+    params, drawn = v["nominal"].replace(**safe), v["nominal"].replace(**drawn)
+    cp = {"ctrl": _controller_for(static, v["ctrl"], params), "noise": v["noise"], "key": k_ticks,
+          "sense_key": k_sense}
     rules = CrashRules(reference=v["ctrl"].reference, dt=v["dt"], clearance=v["clearance"],
                        cos_max_tilt=v["cos_max_tilt"], max_error=v["max_error"], histogram=static.histogram,
                        ground_crash=static.ground_crash, keep=static.keep > 0)
-    config = SimConfig(integrator=static.stepper, substeps=static.substeps, save_every=1 if static.keep else 0,
-                       save=())
+    config = SimConfig(integrator=static.stepper, substeps=static.substeps, save_every=1, save=())
     run = simulate(
         drawn, state0, v["dt"], controller=functools.partial(_flight_stack, static), ctrl_params=cp,
         ctrl_state=(_law(static)[1](cp["ctrl"], state0), jnp.zeros((), jnp.int32)),
@@ -327,16 +336,24 @@ def fly_vehicle(static: Static, v: dict, index):
         observe=EKFObserver.create(v["sensors"], cp["sense_key"], v["sigma0"], gravity=params.gravity)
         if static.estimator else None,
     )
+    flown = {"stats": run.hooks[0], "final": run.final, "status": run.status, "status_tick": run.status_tick,
+             "estimation": estimation_summary(run.observer) if static.estimator else None}
+    samples, kept = run.outputs[0]
+    return flown, samples, kept
+
+
+def _figures(static: Static, v: dict, draws, flown) -> dict:
+    """One vehicle's outputs from its draws and its flight."""
+    params, state0 = v["nominal"].replace(**draws[0]), draws[2]
     dtype = params.mass.dtype
-    stats, s = run.hooks[0], run.final
+    stats, s, status = flown["stats"], flown["final"], flown["status"]
     end = v["ctrl"].reference(jnp.asarray(static.num_ticks, dtype) * v["dt"]).position
     d = s.position - end
-    status = run.status
     out = {
         "crash_code": status,
         # ticks flown before the crash (the crash is seen at the end of its tick); 0 for params
         "crash_tick": jnp.where(status == codes.PARAMS_INVALID, 0,
-                                jnp.where(run.status_tick >= 0, run.status_tick + 1, -1)).astype(jnp.int32),
+                                jnp.where(flown["status_tick"] >= 0, flown["status_tick"] + 1, -1)).astype(jnp.int32),
         "rms_error": jnp.sqrt(stats["err_sq"] / jnp.maximum(stats["samples"], 1).astype(dtype)),
         "max_error": stats["err_max"],
         "max_tilt": jnp.arccos(jnp.clip(stats["cos_tilt_min"], -1.0, 1.0)),
@@ -347,11 +364,20 @@ def fly_vehicle(static: Static, v: dict, index):
         "params_ok": status != codes.PARAMS_INVALID,
     }
     if static.estimator:  # beside the tracking error: how well the vehicle knew where it was
-        est = estimation_summary(run.observer)
+        est = flown["estimation"]
         out.update(est_rms_position=est["rms_position"], est_rms_attitude=est["rms_attitude"], est_nees=est["nees"])
     for name in static.random.varied_fields:
         out["param_" + name] = getattr(params, name)
-    return out, stats["counts"], run.outputs[0]
+    return out
+
+
+def fly_vehicle(static: Static, v: dict, index):
+    """Vehicle ``index`` of the sweep, drawn and flown through the engine: (its outputs, its
+    histogram samples (T,): the tracking error each tick it flies, −1 after; its kept trajectory
+    (:data:`KEPT`) or None)."""
+    draws = _draw(static, v, index)
+    flown, samples, kept = _flight(static, v, draws)
+    return _figures(static, v, draws, flown), samples, kept
 
 
 #: what a kept trajectory holds per tick: (name, trailing shape, dtype; None: the sweep's float
@@ -371,9 +397,19 @@ def _kept_item_bytes(item: int, rotors: int) -> int:
 def run_chunk(static: Static, v: dict, index, valid):
     """Fly the vehicles ``index`` (B,) int32 (``valid`` (B,) bool marks padding) for the whole
     mission. Returns (per-vehicle outputs, histogram counts, kept trajectories (T, K, …))."""
-    out, counts, kept = map_vehicles(functools.partial(fly_vehicle, static, v), (index,), (0,))
-    counts = jnp.sum(jnp.where(valid[:, None], counts, 0), axis=0, dtype=jnp.int32)
     K = min(static.keep, index.shape[0])
+    draws = map_vehicles(functools.partial(_draw, static, v), (index,), (0,))
+    # the block's first K lanes keep their trajectories, the rest only their figures: saving
+    # every tick of every lane would cost more than their flight (a lane's numbers do not
+    # depend on which part of the block it is in, as every block is this same program)
+    parts = [map_vehicles(functools.partial(_flight, s, v), (jax.tree_util.tree_map(lambda x: x[lanes], draws),), (0,))
+             for s, lanes in ((static, slice(0, K)), (dataclasses.replace(static, keep=0), slice(K, None)))
+             if len(range(index.shape[0])[lanes])]
+    flown, samples = (jax.tree_util.tree_map(lambda *x: jnp.concatenate(x), *[p[j] for p in parts]) for j in (0, 1))
+    kept = parts[0][2] if K else None
+    out = map_vehicles(functools.partial(_figures, static, v), (draws, flown), (0, 0))
+    bins = jnp.where(valid[:, None] & ~(samples < 0), static.histogram.index(samples), static.histogram.num_bins)
+    counts = jnp.zeros(static.histogram.num_bins, jnp.int32).at[bins.ravel()].add(1, mode="drop")
     if kept is None:
         R = v["nominal"].num_rotors
         kept = tuple(jnp.zeros((static.num_ticks, 0) + tuple(R if d == "R" else d for d in shape), dt or v["dt"].dtype)
@@ -468,8 +504,10 @@ def estimate(config: SweepConfig, nominal=None) -> dict:
     kept = min(config.keep_trajectories, vehicles) * ticks * per_tick
     params = sum(int(np.size(getattr(nominal, f))) for f in config.random.varied_fields)
     per_vehicle = vehicles * (_PER_VEHICLE_OUTPUTS + 3 * (config.estimator is not None) + params) * 8
-    lanes = min(config.block_size, vehicles) * len(jax.local_devices())
-    in_call = lanes * ticks * ((per_tick if config.keep_trajectories else 0) + (3 * item if config.gusts else 0))
+    block, devices = min(config.block_size, vehicles), len(jax.local_devices())
+    # per device: the kept lanes' outputs; per lane and tick: the histogram's sample and bin, the gust
+    in_call = devices * ticks * (min(config.keep_trajectories, block) * per_tick
+                                 + block * (item + 4 + (3 * item if config.gusts else 0)))
     results = kept + per_vehicle
     return {"vehicle_ticks": vehicles * ticks, "results_bytes": results, "disk_bytes": 2 * results,
             "memory_bytes": max(in_call, 2 * results)}
@@ -820,7 +858,7 @@ def _aggregate(config: SweepConfig, chunks, timings) -> SweepResult:
     # as in the scan: (k + 1) converted to the dtype, times dt in the dtype
     time_s = np.arange(1, config.num_ticks + 1).astype(dtype) * dtype.type(config.control_dt)
     reference = make_reference(config.trajectory, config.duration, dtype)
-    ref_pos = np.asarray(jax.vmap(reference)(jnp.asarray(time_s)).position)
+    ref_pos = np.asarray(jax.jit(jax.vmap(reference))(jnp.asarray(time_s)).position)  # one compile, not one per op
     trajectories = {"index": np.concatenate(kept["index"]), "time": time_s, "reference": ref_pos,
                     **{name: np.concatenate(kept[name]) for name, _, _ in KEPT}}
     summary = S.summarise(vehicles, counts, config.histogram, config.control_dt, config.num_ticks)
