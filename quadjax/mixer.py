@@ -423,7 +423,30 @@ def allocation_matrix(mp) -> jax.Array:
 
 def _pinv(B):
     """P = Bᵀ (B Bᵀ)⁻¹ (..., R, 4), the minimum-norm right inverse of B (B⁻¹ when R = 4)."""
-    return jnp.swapaxes(jnp.linalg.solve(B @ jnp.swapaxes(B, -1, -2), B), -1, -2)
+    return jnp.swapaxes(_spd_solve(B @ jnp.swapaxes(B, -1, -2), B), -1, -2)
+
+
+def _spd_solve(A, B):
+    """X = A⁻¹ B for a symmetric positive definite A (..., n, n) and B (..., n, m): Cholesky
+    A = L Lᵀ unrolled over the static n, then forward and back substitution. Element-wise
+    arithmetic only, so the native generator compiles a mixer whose geometry is traced (a
+    controller passed as an argument); jnp.linalg.solve's pivoted LU it cannot. B Bᵀ of a
+    full-rank allocation matrix is SPD, and Cholesky needs no pivoting there."""
+    n = A.shape[-1]
+    L: dict = {}
+    for i in range(n):
+        for j in range(i + 1):
+            s = A[..., i, j] - sum((L[i, k] * L[j, k] for k in range(j)), jnp.zeros_like(A[..., i, j]))
+            L[i, j] = jnp.sqrt(s) if i == j else s / L[j, j]
+    Y: list = []
+    for i in range(n):  # L Y = B
+        acc = sum((L[i, k][..., None] * Y[k] for k in range(i)), jnp.zeros_like(B[..., i, :]))
+        Y.append((B[..., i, :] - acc) / L[i, i][..., None])
+    X: dict = {}
+    for i in reversed(range(n)):  # Lᵀ X = Y
+        acc = sum((L[k, i][..., None] * X[k] for k in range(i + 1, n)), jnp.zeros_like(Y[i]))
+        X[i] = (Y[i] - acc) / L[i, i][..., None]
+    return jnp.stack([X[i] for i in range(n)], axis=-2)
 
 
 def _pair_demand(mp, F, tx, ty, tz):

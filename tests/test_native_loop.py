@@ -17,6 +17,7 @@ runs in one call.
 """
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -254,11 +255,86 @@ def test_a_select_of_more_than_two_cases_compiles():
         return qj.simulate(p, s, 0.002, controller=_mode_controller, ctrl_params=qj.hover_rotor_speed(p),
                            ctrl_state=cs, num_ticks=21, config=qj.SimConfig(backend=backend, save_every=0)).final
 
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback
         got = jax.jit(jax.vmap(lambda s, cs: one(s, cs, "native")))(s0, cs0)
     ref = jax.jit(jax.vmap(lambda s, cs: one(s, cs, "xla")))(s0, cs0)
     assert float(jnp.std(got.velocity[:, 2])) > 0  # the modes differ per vehicle
     assert worst_relative(got, ref) <= 1e-12
+
+
+def _property_fleet(name, dtype, backend, ctrl):
+    """jit(vmap(simulate)) closed over the controller (as a user flies one: its layout known, the
+    mixer's closed form): per-vehicle params. Each draw of gains retraces; the kernel is reused
+    (floats are the kernel's inputs, not its code)."""
+    import functools
+
+    from quadjax.control import CascadeRates, geometric_control, pid_control
+    from quadjax.engine import Reduce
+
+    law = functools.partial(pid_control, rates=CascadeRates(dt=0.002)) if name == "pid" else geometric_control
+    target = ctrl.reference.position
+
+    def worst(acc, state):
+        return jnp.maximum(acc, jnp.linalg.norm(state.position - target))
+
+    def one(p1, s, cs):
+        tr = qj.simulate(p1, s, 0.002, controller=law, ctrl_params=ctrl, ctrl_state=cs, num_ticks=30,
+                         hooks=(Reduce(worst, jnp.zeros((), dtype)),),
+                         config=qj.SimConfig(backend=backend, substeps=2, save_every=0))
+        return tr.final, tr.ctrl_state, tr.hooks[0], tr.status
+
+    return jax.jit(jax.vmap(one))
+
+
+@pytest.mark.parametrize("name,dtype", [("pid", jnp.float64), ("geometric", jnp.float64), ("pid", jnp.float32)])
+def test_property_random_vehicles_gains_and_presets(name, dtype):
+    """Property: over presets (RP-1, Crazyflie 2.1, Iris), gains drawn ±25 % around the defaults,
+    and 6 vehicles each with its own mass, full inertia (products of inertia too), k_f, k_m,
+    motor lag, drags and start, the native closed loop equals XLA's: final state and fold to
+    1e-10 in float64 (1e-5 in float32), controller state to 10× that (integrators amplify the
+    rounding by 1/h), the same status."""
+    from quadjax.control import GeometricController, Hover, PIDController, geometric_init, pid_init
+
+    rng = np.random.default_rng({"pid": 11, "geometric": 12}[name] + (dtype == jnp.float32))
+    tol = 1e-10 if dtype == jnp.float64 else 1e-5
+    n = 6
+    for preset in ("rp1", "crazyflie21", "iris"):
+        p = qj.presets.get(preset, dtype=dtype)
+        target = jnp.asarray(np.asarray(CLOSED_LOOP_TARGET_SCALE) * float(jnp.max(jnp.abs(p.rotor_positions))), dtype)
+        hover = Hover(position=target, yaw=jnp.asarray(rng.uniform(-0.1, 0.1), dtype))
+        make, init = (PIDController, pid_init) if name == "pid" else (GeometricController, geometric_init)
+        ctrl = make.create(p, hover)
+        ctrl = ctrl.replace(gains=jax.tree_util.tree_map(
+            lambda g: (g * rng.uniform(0.75, 1.25, np.shape(g))).astype(dtype), ctrl.gains))
+
+        def u(lo, hi, shape=()):
+            return jnp.asarray(rng.uniform(lo, hi, (n,) + shape), dtype)
+
+        # a common scale, a little per axis (the moments must keep J_xx + J_yy ≥ J_zz: Iris is 5 % from
+        # the bound) and small products of inertia
+        products = u(-0.01, 0.01, (3,)) * jnp.min(jnp.diag(p.inertia))
+        diagonal = jnp.diag(p.inertia) * u(0.9, 1.1)[:, None] * u(0.98, 1.02, (3,))
+        inertia = jax.vmap(lambda d, c: jnp.diag(d) + jnp.asarray([[0, c[0], c[1]], [c[0], 0, c[2]], [c[1], c[2], 0]],
+                                                                   dtype))(diagonal, products)
+        ps = jax.vmap(lambda m, J, kf, km, tau, dl: p.replace(mass=p.mass * m, inertia=J, k_f=p.k_f * kf,
+                                                               k_m=p.k_m * km, motor_tau=p.motor_tau * tau,
+                                                               drag_linear=p.drag_linear * dl))(
+            u(0.9, 1.1), inertia, u(0.9, 1.1), u(0.9, 1.1), u(0.8, 1.2), u(0.5, 1.5, (3,)))
+        assert bool(jnp.all(jax.vmap(qj.params_valid)(ps)))
+        s0 = jax.vmap(lambda v, w: qj.hover_state(p).replace(velocity=v, body_rates=w))(u(-0.05, 0.05, (3,)),
+                                                                                      u(-0.05, 0.05, (3,)))
+        cs0 = jax.vmap(lambda s: init(ctrl, s))(s0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # compiled, not fallen back
+            got = _property_fleet(name, dtype, "native", ctrl)(ps, s0, cs0)
+        ref = _property_fleet(name, dtype, "xla", ctrl)(ps, s0, cs0)
+        assert float(jnp.std(got[0].position[:, 2])) > 0  # the vehicles differ
+        np.testing.assert_array_equal(got[3], ref[3])
+        assert worst_relative((got[0], got[2]), (ref[0], ref[2])) <= tol, preset
+        assert worst_relative(got[1], ref[1]) <= 10 * tol, preset
+
+
+#: the property test's target, in units of the preset's arm length (near the start: far targets
+#: saturate the mixer, see tests/helpers.CLOSED_LOOP_TARGET)
+CLOSED_LOOP_TARGET_SCALE = (0.4, -0.25, 0.4)

@@ -31,7 +31,7 @@ pytest.importorskip("build", reason="the 'build' package (pip install -e '.[test
 pytestmark = pytest.mark.slow
 
 #: files the installed package reads at run time (quadjax.native.HARNESS; quadjax.player.page's assets)
-RUNTIME_DATA = ["quadjax/native/rollout.cc", "quadjax/player/assets/player.js", "quadjax/player/assets/player.css"]
+RUNTIME_DATA = ["quadjax/native/rollout.cc", "quadjax/native/loop.cc", "quadjax/player/assets/player.js", "quadjax/player/assets/player.css"]
 
 
 def _run(cmd, cwd, env=None, timeout=900):

@@ -289,6 +289,15 @@ template <class V> inline V qj_vpow(V a, V b) { V r; for (unsigned l = 0; l < si
 """
 
 
+def _where(eqn) -> str:
+    """The innermost line outside JAX that staged ``eqn`` (file:line, function), for messages."""
+    tb = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    for f in (tb.frames if tb is not None else ()):
+        if "/jax/" not in f.file_name and "/jaxlib/" not in f.file_name:
+            return f"{f.file_name}:{f.line_num}, {f.function_name}"
+    return "an unknown line"
+
+
 def _literal(x, dtype: np.dtype) -> str:
     """A C literal for the constant ``x`` of ``dtype``."""
     if dtype == np.bool_:
@@ -374,12 +383,12 @@ class _Generator:
         name = eqn.primitive.name
         out_avals = [v.aval for v in eqn.outvars]
         if name in _ELEMENTWISE or name in ("select_n", "integer_pow", "convert_element_type", "clamp", "rem",
-                                            "copy", "copy_p", "pow", "is_finite"):
+                                            "copy", "copy_p", "stop_gradient", "pow", "is_finite"):
             return [self.elementwise(name, eqn.params, ins, out_avals[0])]
         handler = getattr(self, f"p_{name}", None)
         if handler is None:
             raise UnsupportedPrimitive(f"quadjax.native.generate: no C form for the primitive '{name}' "
-                                       f"(in {eqn.source_info.name_stack if hasattr(eqn, 'source_info') else eqn})")
+                                       f"(at {_where(eqn)})")
         return handler(eqn, ins, out_avals)
 
     # ---- element-wise
@@ -418,7 +427,7 @@ class _Generator:
             if dtypes[0] == dtype:
                 return xs[0]
             return out.local(xs, ctype, out.convert(xs[0], dtypes[0], dtype))
-        if name in ("copy", "copy_p"):
+        if name in ("copy", "copy_p", "stop_gradient"):  # the value passes (derivatives are not generated here)
             return xs[0]
         if name == "is_finite":  # x − x is 0 for a finite x, NaN for ±inf and NaN (no libm call)
             if known:
@@ -499,6 +508,26 @@ class _Generator:
     def p_dynamic_slice(self, eqn, ins, avals):
         (x, d), starts = ins[0], ins[1:]
         return [(x[self._window("dynamic_slice", starts, eqn.params["slice_sizes"], x.shape)], d)]
+
+    def p_gather(self, eqn, ins, avals):
+        """A gather at indices known when the code is generated (a NumPy index array, folded): XLA's
+        own gather run on the elements' positions says which element lands where."""
+        (x, d), (idx, idt) = ins
+        if any(isinstance(v, _Sym) for v in np.asarray(idx, object).flat):
+            raise UnsupportedPrimitive(f"quadjax.native.generate: a gather at indices known only at run time "
+                                       f"(at {_where(eqn)})")
+        known = np.asarray([int(v) for v in np.asarray(idx, object).flat], np.int64).reshape(np.shape(idx))
+        with jax.ensure_compile_time_eval():  # now, on numbers, even inside the caller's trace
+            where = np.asarray(jax.lax.gather_p.bind(jax.numpy.arange(x.size, dtype=np.int32).reshape(x.shape),
+                                                     jax.numpy.asarray(known, np.int32),
+                                                     **{**eqn.params, "fill_value": -1}))
+        fill = eqn.params.get("fill_value")
+        if fill is None:  # XLA's defaults for a gather out of bounds
+            fill = (np.nan if np.issubdtype(d, np.inexact) else True if d == np.bool_ else np.iinfo(d).min)
+        out = np.empty(where.shape, object)
+        for k in np.ndindex(where.shape):
+            out[k] = x.flat[where[k]] if where[k] >= 0 else _const(fill, d)
+        return [(out, d)]
 
     def p_dynamic_update_slice(self, eqn, ins, avals):  # the transpose of dynamic_slice
         (x, d), (update, _), starts = ins[0], ins[1], ins[2:]

@@ -52,13 +52,15 @@ def _split(args, n_consts: int, n_carry: int):
 
 
 def _tick_impl(*args, jaxpr, n_consts: int, n_carry: int, num_ticks: int, every: int):
-    """:data:`loop_p` on XLA: the engine's scan over the ticks of one vehicle's tick jaxpr."""
+    """:data:`loop_p` on XLA: the engine's scan over the ticks of one vehicle's tick jaxpr
+    (a ClosedJaxpr: its own constants are the tick's fixed integers, its first ``n_consts``
+    inputs the rest of what it closes over)."""
     from quadjax.engine import scan_ticks
 
     consts, carry, xs = _split(args, n_consts, n_carry)
 
     def body(c, kx):
-        out = jax.core.eval_jaxpr(jaxpr, consts, *c, *kx)
+        out = jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *consts, *c, *kx)
         return tuple(out[:n_carry]), tuple(out[n_carry:])
 
     c, ys = scan_ticks(body, tuple(carry), (jnp.arange(num_ticks, dtype=jnp.int32), *xs), num_ticks, every)
@@ -68,7 +70,7 @@ def _tick_impl(*args, jaxpr, n_consts: int, n_carry: int, num_ticks: int, every:
 def _abstract(*args, jaxpr, n_consts, n_carry, num_ticks, every):
     carry = [jax.core.ShapedArray(a.shape, a.dtype) for a in args[n_consts:n_consts + n_carry]]
     saved = [jax.core.ShapedArray((num_ticks // every,) + tuple(v.aval.shape), v.aval.dtype)
-             for v in jaxpr.outvars[n_carry:]] if every else []
+             for v in jaxpr.jaxpr.outvars[n_carry:]] if every else []
     return carry + saved
 
 
@@ -99,7 +101,8 @@ def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, x_avals: tuple, dtype
         consts = [_as(x, a.dtype) for x, a in zip(P, const_avals)]
         carry = [_as(x, a.dtype) for x, a in zip(X, carry_avals)]
         xs = [_as(x, a.dtype) for x, a in zip(U, x_avals)]
-        out = [jnp.asarray(x).astype(dtype) for x in jax.core.eval_jaxpr(jaxpr, consts, *carry, _as(k, np.int32), *xs)]
+        out = [jnp.asarray(x).astype(dtype)
+               for x in jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *consts, *carry, _as(k, np.int32), *xs)]
         return tuple(out[:n_carry]), tuple(out[n_carry:]) + (jnp.zeros((), dtype),)  # + a spare: never empty
 
     def floats(avals, spare=False):
@@ -115,7 +118,11 @@ def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, x_avals: tuple, dtype
         warnings.warn(f"quadjax: this closed loop runs on XLA, not in the native kernel: {err}", RuntimeWarning,
                       stacklevel=2)
         return str(err), None, 0
-    text = "\n".join([VECTOR_PRELUDE, ks.source, native.HARNESS.read_text(), native.LOOP_HARNESS.read_text()])
+    # the struct in an anonymous namespace: every tick's library names it qj_loop, and C++17 makes its
+    # static constexpr arrays (L_U, L_Y) process-wide unique symbols otherwise, so that a second
+    # library loaded into the process would read the first one's sizes
+    text = "\n".join([VECTOR_PRELUDE, "namespace {", ks.source, "}  // namespace", native.HARNESS.read_text(),
+                      native.LOOP_HARNESS.read_text()])
     target = f"quadjax_loop_{hashlib.sha256(text.encode()).hexdigest()[:16]}"  # one target per tick
     text += f"\nQUADJAX_LOOP({target}, {_NAMESPACE});\n"
     return native.load_library(text, (target,), "native closed-loop kernel"), target, ks.layouts["X"].size
@@ -164,7 +171,7 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, n_carry, num_ticks, every):
     if why is not None:
         out = xla(*args)
         return out, [0] * len(out)
-    y_avals = [v.aval for v in jaxpr.outvars[n_carry:]] if every else []
+    y_avals = [v.aval for v in jaxpr.jaxpr.outvars[n_carry:]] if every else []
 
     @jax.custom_jvp
     def native_call(*args):
@@ -213,18 +220,32 @@ def run_ticks(tick, carry0, xs, num_ticks: int, every: int = 0):
 
     rows = [jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)) for x in x_leaves]
     closed = jax.make_jaxpr(flat)(*leaves, jnp.zeros((), jnp.int32), *rows)
-    consts = closed.consts
-    if not any(hasattr(x, "batch_dim") for x in (*consts, *leaves, *x_leaves)):  # one vehicle: the caller's loop
+    if not any(hasattr(x, "batch_dim") for x in (*closed.consts, *leaves, *x_leaves)):  # one vehicle: the caller's
         return None
+    jaxpr, consts = _fix_integers(closed)
     # vmap's tracers (a fleet): compile it now, so that a tick that cannot be falls back here
     avals = [_aval(jnp.shape(x), jnp.result_type(x)) for x in (*consts, *leaves)] + [_aval(r.shape, r.dtype)
                                                                                       for r in rows]
-    if _compiled(closed.jaxpr, avals, len(consts), len(leaves))[0] is not None:
+    if _compiled(jaxpr, avals, len(consts), len(leaves))[0] is not None:
         return None
-    out = loop_p.bind(*consts, *leaves, *x_leaves, jaxpr=closed.jaxpr, n_consts=len(consts), n_carry=len(leaves),
+    out = loop_p.bind(*consts, *leaves, *x_leaves, jaxpr=jaxpr, n_consts=len(consts), n_carry=len(leaves),
                       num_ticks=num_ticks, every=every)
     carry = jax.tree_util.tree_unflatten(treedef, out[:len(leaves)])
     return carry, (jax.tree_util.tree_unflatten(y_tree[-1], out[len(leaves):]) if every else None)
+
+
+def _fix_integers(closed):
+    """(the tick as a ClosedJaxpr whose own constants are the concrete integer and flag arrays it
+    closes over, what else it closes over). Those are structure (the index arrays of NumPy
+    indexing, a mixer's rotor pairs): generated as known numbers, a gather at them is a choice
+    of elements. Floats stay inputs, so that new gains or parameters reuse the kernel."""
+    fixed, rest = [], []
+    for v, c in zip(closed.jaxpr.constvars, closed.consts):
+        concrete = not isinstance(c, jax.core.Tracer)
+        kind = np.dtype(c.dtype) if concrete else None
+        (fixed if concrete and (np.issubdtype(kind, np.integer) or kind == np.bool_) else rest).append((v, c))
+    jaxpr = closed.jaxpr.replace(constvars=[v for v, _ in fixed], invars=[v for v, _ in rest] + closed.jaxpr.invars)
+    return jax.extend.core.ClosedJaxpr(jaxpr, [np.asarray(c) for _, c in fixed]), [c for _, c in rest]
 
 
 def _aval(shape, dtype) -> jax.core.ShapedArray:
