@@ -7,6 +7,7 @@ time (the SITL's ports are fixed); each starts its own SITL process, stopped by 
 
 import socket
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -135,9 +136,21 @@ def built():
 
 
 def _fly(params, steps, duration, tmp_path):
-    flight = sitl.run(params, RcScript.create(steps, duration), workdir=tmp_path)
-    assert not _processes_in(tmp_path), "the SITL outlived its flight"
-    return flight
+    """The flight of ``steps``. Betaflight's SITL under the lockstep sometimes stalls (no motor
+    packet for 5 s, mid-flight: twice in about six runs of this file on 2026-12-03, once on an
+    idle machine; not understood yet): such a flight is flown once more from a fresh process,
+    with a warning; a second stall fails. Every other error fails at once."""
+    for folder in (tmp_path, tmp_path / "again"):
+        try:
+            flight = sitl.run(params, RcScript.create(steps, duration), workdir=folder)
+        except sitl.SitlError as err:
+            assert not _processes_in(folder), "the stalled SITL outlived its flight"
+            if folder != tmp_path or "no motor packet" not in str(err):
+                raise
+            warnings.warn(f"the SITL stalled; flying again: {str(err).splitlines()[0]}", RuntimeWarning)
+            continue
+        assert not _processes_in(folder), "the SITL outlived its flight"
+        return flight
 
 
 def _processes_in(folder):
