@@ -140,12 +140,12 @@ def _compiled(jaxpr, avals: list, n_consts: int, n_carry: int) -> tuple:
     return (*_kernel(jaxpr, consts, carry, xs, dtype), dtype)
 
 
-def _rows(xs, flags, lead: int, dtype) -> jax.Array:
+def _rows(xs, flags, lead: int, dtype, spare: bool = False) -> jax.Array:
     """``xs`` (each batched, with a leading vehicle axis, or not, per ``flags``) as one
-    (lead, size) block of ``dtype`` rows, with a spare zero column (never empty)."""
+    (lead, size) block of ``dtype`` rows; ``spare``: a zero column after them (never empty)."""
     parts = [jnp.broadcast_to(jnp.reshape(jnp.asarray(x).astype(dtype), (x.shape[0] if b else 1, -1)),
                               (lead, math.prod(x.shape[1:] if b else x.shape))) for x, b in zip(xs, flags)]
-    return jnp.concatenate(parts + [jnp.zeros((lead, 1), dtype)], axis=-1)
+    return jnp.concatenate(parts + ([jnp.zeros((lead, 1), dtype)] if spare else []), axis=-1)
 
 
 def _unrows(out, avals, lead: tuple) -> list:
@@ -177,8 +177,8 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, n_carry, num_ticks, every):
     def native_call(*args):
         consts, carry, xs = _split(args, n_consts, n_carry)
         fc, fx, fs = _split(batched, n_consts, n_carry)
-        P = _rows(consts, fc, n if any(fc) else 1, dtype)  # one row each vehicle, or one for all
-        X = _rows(carry, fx, n, dtype)[:, :-1]
+        P = _rows(consts, fc, n if any(fc) else 1, dtype, spare=True)  # one row each vehicle, or one for all
+        X = _rows(carry, fx, n, dtype)
         # each series as XLA holds it (N or 1, T, size): no copy to pack them
         U = [jnp.reshape(jnp.asarray(x).astype(dtype), (n if b else 1, num_ticks, -1)) for x, b in zip(xs, fs)]
         S = num_ticks // every if every else 0
