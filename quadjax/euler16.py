@@ -238,8 +238,11 @@ def from_quad_params(params: QuadParams, corrections=()) -> Euler16Params:
     if not np.allclose(params.rotor_spins, (1.0, -1.0, 1.0, -1.0)):
         raise ValueError(f"from_quad_params: spins must be (CCW, CW, CCW, CW) = (1, −1, 1, −1); got "
                          f"{np.asarray(params.rotor_spins).tolist()}")
-    absent = [f for f in ("drag_linear", "drag_quadratic", "drag_rotational", "rotor_inertia", "battery_sag")
+    absent = [f for f in ("drag_linear", "drag_quadratic", "drag_rotational", "rotor_inertia", "battery_sag",
+                          "rotor_reaction_inertia", "rotor_drag", "k_inflow", "rotor_radius")
               if np.any(np.asarray(getattr(params, f)) != 0)]
+    if float(params.motor_tau_down_ratio) != 1:
+        absent.append("motor_tau_down_ratio (set it to 1)")
     if absent:
         raise ValueError(f"from_quad_params: the seed-003 model has no {absent}; set them to 0")
     if not float(params.motor_tau) > 0:

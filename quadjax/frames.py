@@ -146,7 +146,7 @@ def euler12_derivative(params: QuadParams, x12, rotor_speeds):
     """
     q = euler321_to_quat(x12[..., 6:9])
     energy = jnp.zeros(x12.shape[:-1], x12.dtype)
-    force, moment = body_wrench(params, q, x12[..., 3:6], x12[..., 9:12], rotor_speeds, energy)
+    force, moment = body_wrench(params, x12[..., 0:3], q, x12[..., 3:6], x12[..., 9:12], rotor_speeds, energy)
     return euler12_rigid_body(params.mass, params.inertia, params.gravity, x12, force, moment)
 
 

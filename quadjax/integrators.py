@@ -13,7 +13,9 @@ import jax.numpy as jnp
 from quadjax._components import join, join_params, join_state, split, split_params, split_state, total
 from quadjax.model import derivative_c
 from quadjax.params import QuadParams
-from quadjax.quadrotor import clamp_command_c, has_motor_lag, lag_decay, lagged_rotor_speeds_c, rotor_thrusts_c
+from quadjax.quadrotor import (
+    clamp_command_c, ground_effect, has_motor_lag, lag_decay, lagged_rotor_speeds_c, rotor_thrusts_c,
+)
 from quadjax.quaternion import quat_kinematics_c, quat_normalize_c
 from quadjax.state import QuadState, state_axpy
 
@@ -39,10 +41,12 @@ def _finish_c(params: QuadParams, before: QuadState, after: QuadState, command) 
 
 
 def vertical_thrust_c(params: QuadParams, state: QuadState):
-    """R₃₃(q) ΣTᵢ on a state in component form."""
+    """R₃₃(q) g(z) ΣTᵢ on a state in component form: the still vehicle's thrust (no inflow), with
+    the ground effect g at its height."""
     _, x, y, _ = state.attitude
     r33 = 1.0 - 2.0 * (x * x + y * y)
-    return r33 * total(rotor_thrusts_c(params, state.rotor_speeds, state.energy))
+    g = ground_effect(params, state.position[2] - params.ground_z)
+    return r33 * (g * total(rotor_thrusts_c(params, state.rotor_speeds, state.energy)))
 
 
 def ground_contact_c(params: QuadParams, before: QuadState, after: QuadState) -> QuadState:
@@ -146,10 +150,12 @@ def rk4_step_c(params: QuadParams, state: QuadState, command, dt, external=None)
     where RK4 on the lag diverges past h = 2.79 τ; the rest is RK4 with those speeds.
     """
     half, whole = lag_decay(params, dt * 0.5), lag_decay(params, dt)
-    decay = jnp.stack(jnp.broadcast_arrays(jnp.ones_like(half), half, half, whole))  # at aⱼ dt
+    # at aⱼ dt, spin-up and spin-down
+    decay = tuple(jnp.stack(jnp.broadcast_arrays(jnp.ones_like(h), h, h, w)) for h, w in zip(half, whole))
 
     def lagged(x, j):
-        return x.replace(rotor_speeds=lagged_rotor_speeds_c(params, state.rotor_speeds, command, decay[j]))
+        return x.replace(rotor_speeds=lagged_rotor_speeds_c(params, state.rotor_speeds, command,
+                                                            (decay[0][j], decay[1][j])))
 
     after = runge_kutta4(lambda x: derivative_c(params, x, command, external), state, dt,
                          axpy=state_axpy, at_stage=lagged)

@@ -22,8 +22,9 @@ def derivative_c(params: QuadParams, state: QuadState, command, external=None) -
     component form, added to the vehicle's own (a disturbance or a payload).
     """
     rotors = effective_rotor_speeds_c(params, state.rotor_speeds, command)
+    rotor_rates = rotor_speed_derivative_c(params, state.rotor_speeds, command)
     force, moment = body_wrench_c(
-        params, state.attitude, state.velocity, state.body_rates, rotors, state.energy
+        params, state.position, state.attitude, state.velocity, state.body_rates, rotors, state.energy, rotor_rates
     )
     if external is not None:
         force = tuple(a + b for a, b in zip(force, external[0]))
@@ -37,7 +38,7 @@ def derivative_c(params: QuadParams, state: QuadState, command, external=None) -
         velocity=v_dot,
         attitude=q_dot,
         body_rates=w_dot,
-        rotor_speeds=rotor_speed_derivative_c(params, state.rotor_speeds, command),
+        rotor_speeds=rotor_rates,
         energy=energy_rate_c(params, rotors),
         on_ground=jnp.zeros_like(state.on_ground),
     )
@@ -46,16 +47,19 @@ def derivative_c(params: QuadParams, state: QuadState, command, external=None) -
 def derivative(params: QuadParams, state: QuadState, command) -> QuadState:
     """Time derivative of ``state`` under rotor-speed ``command`` (..., R) [rad/s].
 
-    The seed-000 model plus wind, rotational drag and rotor gyroscopic term (seed 004):
+    The seed-000 model plus wind, rotational drag and rotor gyroscopic term (seed 004), and
+    the small-vehicle effects of :mod:`quadjax.quadrotor` (each off at its default):
 
-        ω̇ᵢ = (clamp(uᵢ, ω_min, ω_max) − ωᵢ) / τ          (ωᵢ := clamp(uᵢ) when τ = 0)
-        Tᵢ = s k_f ωᵢ²,  s = 1 − sag · min(E / capacity, 1)
+        ω̇ᵢ = (clamp(uᵢ, ω_min, ω_max) − ωᵢ) / τᵢ         (ωᵢ := clamp(uᵢ) when τ = 0;
+             τᵢ = τ spinning up, r τ spinning down)
+        Tᵢ = g(z) (s k_f ωᵢ² − k_in ωᵢ v_z,i),  s = 1 − sag · min(E / capacity, 1),
+             v_z,i = v_b,z + p yᵢ − q xᵢ,  g(z) = 1 / (1 − (ρ / 4z)²)
         ṗ = v
-        v̇ = R(q) F_b / m − g e_z,  F_b = (0, 0, ΣTᵢ) − D_lin ⊙ v_b − D_quad ⊙ v_b ⊙ |v_b|,
-             v_b = Rᵀ (v − wind)
+        v̇ = R(q) F_b / m − g e_z,  F_b = (0, 0, ΣTᵢ) − D_lin ⊙ v_b − D_quad ⊙ v_b ⊙ |v_b|
+             − k_h Σωᵢ (v_b,x, v_b,y, 0),  v_b = Rᵀ (v − wind)
         q̇ = ½ q ⊗ (0, ω)
         ω̇ = J⁻¹ (M − ω × J ω),  M = Σ rᵢ × (0, 0, Tᵢ) − (0, 0, Σ spinᵢ k_m Tᵢ) − A_r ⊙ ω
-             − ω × (0, 0, I_R Σ spinᵢ ωᵢ)
+             − ω × (0, 0, I_R Σ spinᵢ ωᵢ) − (0, 0, I_a Σ spinᵢ ω̇ᵢ) + Σ rᵢ × F_H,i
         Ė = Σ k_p ωᵢ³
 
     Returns a :class:`QuadState` of rates (``on_ground`` rate is 0; ground

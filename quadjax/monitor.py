@@ -35,6 +35,7 @@ Example (the seed-000 scenario)::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from typing import NamedTuple
 
@@ -341,6 +342,16 @@ class Replay(NamedTuple):
     bitwise: bool
 
 
+def _param_field(data, name):
+    """A params field of a repro file; a field the file predates takes its default (an effect that
+    did not exist then, and so was off), in the file's dtype."""
+    key = f"params.{name}"
+    if key in data:
+        return jnp.asarray(data[key])
+    default = inspect.signature(QuadParams.create).parameters[name].default
+    return jnp.asarray(default, data["params.mass"].dtype)
+
+
 def load_repro(path):
     """Read a repro file: ``(meta, params, state, command, dt, wind, wrench, after)``, exact dtypes.
 
@@ -349,7 +360,7 @@ def load_repro(path):
     with np.load(path, allow_pickle=False) as z:
         data = {k: z[k] for k in z.files}
     meta = json.loads(str(data.pop("meta")))
-    params = QuadParams(**{f.name: jnp.asarray(data[f"params.{f.name}"]) for f in dataclasses.fields(QuadParams)})
+    params = QuadParams(**{f.name: _param_field(data, f.name) for f in dataclasses.fields(QuadParams)})
     state = QuadState(**{f.name: jnp.asarray(data[f"state.{f.name}"]) for f in dataclasses.fields(QuadState)})
     after = QuadState(**{f.name: np.asarray(data[f"after.{f.name}"]) for f in dataclasses.fields(QuadState)})
     meta["constant"] = [bool(c) for c in data["constant"]]

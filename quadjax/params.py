@@ -37,6 +37,16 @@ class QuadParams:
         ground_z: () m, world height of the ground plane.
         gravity: () m/s², along world −z.
         wind: (3,) m/s, world frame (ENU).
+
+    Effects for small vehicles and real flights, each off at its default (every preset stays
+    bit-identical; :mod:`quadjax.quadrotor` has the equations):
+        motor_tau_down_ratio: () 1, spin-down lag over spin-up lag (τ_down = ratio · τ); 1 = symmetric.
+        rotor_reaction_inertia: () kg·m², the spinning mass whose acceleration reacts on the
+            body about z (−I_a Σ spinᵢ ω̇ᵢ); physically the rotor's (and motor bell's) inertia,
+            kept apart from ``rotor_inertia`` so that each term is switched on, and fitted, alone.
+        rotor_drag: () N/((m/s)·(rad/s)), the H-force −k_h ωᵢ v⊥ of each rotor in its plane.
+        k_inflow: () N/((m/s)·(rad/s)), thrust lost to axial inflow, ΔTᵢ = −k_in ωᵢ v_z,i.
+        rotor_radius: () m, the propeller radius of the ground effect; 0 = no ground effect.
     """
 
     mass: jax.Array
@@ -58,6 +68,11 @@ class QuadParams:
     ground_z: jax.Array
     gravity: jax.Array
     wind: jax.Array
+    motor_tau_down_ratio: jax.Array
+    rotor_reaction_inertia: jax.Array
+    rotor_drag: jax.Array
+    k_inflow: jax.Array
+    rotor_radius: jax.Array
 
     @classmethod
     def create(
@@ -82,6 +97,11 @@ class QuadParams:
         ground_z=0.0,
         gravity=9.80665,
         wind=(0.0, 0.0, 0.0),
+        motor_tau_down_ratio=1.0,
+        rotor_reaction_inertia=0.0,
+        rotor_drag=0.0,
+        k_inflow=0.0,
+        rotor_radius=0.0,
         dtype=None,
     ) -> "QuadParams":
         """Checked constructor. Raises ``ValueError`` naming the first bad field.
@@ -177,6 +197,7 @@ _MATRICES = ("inertia", "rotor_positions")
 _SCALARS = (
     "mass", "k_f", "k_m", "motor_tau", "omega_min", "omega_max", "rotor_inertia",
     "k_p", "battery_capacity", "battery_sag", "ground_z", "gravity",
+    "motor_tau_down_ratio", "rotor_reaction_inertia", "rotor_drag", "k_inflow", "rotor_radius",
 )
 
 
@@ -205,8 +226,8 @@ def _value_checks(p, xp):
 
     The bounds are invariant I1: every value finite; mass, k_f, capacity > 0;
     inertia symmetric positive definite and physical (triangle inequality);
-    spins ±1; k_m, tau, drags, rotor inertia, k_p, gravity ≥ 0;
-    0 ≤ omega_min < omega_max; 0 ≤ sag < 1.
+    spins ±1; k_m, tau, drags, rotor inertias, k_p, gravity, rotor drag, k_inflow,
+    rotor radius ≥ 0; 0 ≤ omega_min < omega_max; 0 ≤ sag < 1; spin-down ratio > 0.
     """
     def all_last(ok, n):
         # reduce the n trailing (component) axes, keep the batch axes
@@ -252,6 +273,11 @@ def _value_checks(p, xp):
         "ground_z": finite(p["ground_z"], 0),
         "gravity": finite(p["gravity"], 0) & nonneg(p["gravity"], 0),
         "wind": finite(p["wind"], 1),
+        "motor_tau_down_ratio": finite(p["motor_tau_down_ratio"], 0) & (p["motor_tau_down_ratio"] > 0),
+        "rotor_reaction_inertia": finite(p["rotor_reaction_inertia"], 0) & nonneg(p["rotor_reaction_inertia"], 0),
+        "rotor_drag": finite(p["rotor_drag"], 0) & nonneg(p["rotor_drag"], 0),
+        "k_inflow": finite(p["k_inflow"], 0) & nonneg(p["k_inflow"], 0),
+        "rotor_radius": finite(p["rotor_radius"], 0) & nonneg(p["rotor_radius"], 0),
     }
 
 
@@ -266,6 +292,7 @@ _BOUNDS = {
     "battery_sag": "finite, in [0, 1)",
     "ground_z": "finite",
     "wind": "finite",
+    "motor_tau_down_ratio": "finite and > 0",
 }
 
 

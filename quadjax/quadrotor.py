@@ -25,31 +25,45 @@ def has_motor_lag(params: QuadParams):
     return params.motor_tau > 0
 
 
+def _spin_down_c(params: QuadParams, rotor_speeds, command):
+    """Per rotor: True where it slows down toward its clamped command (uᶜᵢ < ωᵢ)."""
+    return tuple(u < w for u, w in zip(clamp_command_c(params, command), rotor_speeds))
+
+
 def rotor_speed_derivative_c(params: QuadParams, rotor_speeds, command):
-    """ω̇ᵢ = (clamp(uᵢ) − ωᵢ) / τ on components; 0 where τ = 0."""
+    """ω̇ᵢ = (clamp(uᵢ) − ωᵢ) / τᵢ on components, τᵢ = τ spinning up and r·τ spinning down
+    (r = ``motor_tau_down_ratio``); 0 where τ = 0."""
     lag = has_motor_lag(params)
-    inv_tau = 1.0 / jnp.where(lag, params.motor_tau, 1.0)  # a safe divisor keeps grad finite at τ = 0
+    tau = jnp.where(lag, params.motor_tau, 1.0)  # a safe divisor keeps grad finite at τ = 0
+    inv_up, inv_down = 1.0 / tau, 1.0 / (tau * params.motor_tau_down_ratio)
     return tuple(
-        jnp.where(lag, (u - w) * inv_tau, 0.0)
-        for u, w in zip(clamp_command_c(params, command), rotor_speeds)
+        jnp.where(lag, (u - w) * jnp.where(down, inv_down, inv_up), 0.0)
+        for u, w, down in zip(clamp_command_c(params, command), rotor_speeds,
+                              _spin_down_c(params, rotor_speeds, command))
     )
 
 
 def lag_decay(params: QuadParams, h):
-    """e^(−h/τ): what is left of a rotor's speed error after h [s] of the first-order lag; 0 where τ = 0."""
+    """(e^(−h/τ), e^(−h/(r·τ))): what is left of a rotor's speed error after h [s] of the
+    first-order lag spinning up and spinning down (r = ``motor_tau_down_ratio``); 0 where τ = 0."""
     lag = has_motor_lag(params)
     tau = jnp.where(lag, params.motor_tau, 1.0)  # a safe divisor keeps grad finite at τ = 0
-    return jnp.where(lag, jnp.exp(-h / tau), 0.0)
+    up = jnp.where(lag, jnp.exp(-h / tau), 0.0)
+    down = jnp.where(lag, jnp.exp(-h / (tau * params.motor_tau_down_ratio)), 0.0)
+    return up, down
 
 
 def lagged_rotor_speeds_c(params: QuadParams, rotor_speeds, command, decay):
-    """ωᵢ(t + h) = uᵢ + (ωᵢ(t) − uᵢ) e^(−h/τ), uᵢ = clamp(commandᵢ): the lag ω̇ = (u − ω)/τ solved
-    exactly with the command held (``decay`` = :func:`lag_decay` (h)). The steppers take the
-    rotors from it: RK4 on the lag is unstable past h = 2.79 τ (and Euler past 2 τ), exact is
-    stable and exact at every h."""
+    """ωᵢ(t + h) = uᵢ + (ωᵢ(t) − uᵢ) e^(−h/τᵢ), uᵢ = clamp(commandᵢ): the lag ω̇ = (u − ω)/τᵢ solved
+    exactly with the command held (``decay`` = :func:`lag_decay` (h), spin-up and spin-down).
+    A rotor approaches its command without crossing it, so τᵢ stays the one it starts with and
+    the asymmetric lag is exact too. The steppers take the rotors from it: RK4 on the lag is
+    unstable past h = 2.79 τ (and Euler past 2 τ), exact is stable and exact at every h."""
     lag = has_motor_lag(params)
-    return tuple(jnp.where(lag, u + (w - u) * decay, w)
-                 for w, u in zip(rotor_speeds, clamp_command_c(params, command)))
+    up, down = decay
+    return tuple(jnp.where(lag, u + (w - u) * jnp.where(d, down, up), w)
+                 for w, u, d in zip(rotor_speeds, clamp_command_c(params, command),
+                                    _spin_down_c(params, rotor_speeds, command)))
 
 
 def effective_rotor_speeds_c(params: QuadParams, rotor_speeds, command):
@@ -95,12 +109,55 @@ def energy_rate_c(params: QuadParams, rotor_speeds):
     return total(tuple(params.k_p * (w * w * w) for w in rotor_speeds))
 
 
+def air_velocity_body_c(params: QuadParams, attitude, velocity):
+    """v_b = Rᵀ (v − wind) on components: the air-relative velocity in the body frame [m/s]."""
+    return quat_rotate_inverse_c(attitude, tuple(v - w for v, w in zip(velocity, params.wind)))
+
+
 def aero_drag_force_c(params: QuadParams, attitude, velocity):
     """F_d = −D_lin ⊙ v_b − D_quad ⊙ v_b ⊙ |v_b| on components (params split)."""
-    v_b = quat_rotate_inverse_c(attitude, tuple(v - w for v, w in zip(velocity, params.wind)))
+    v_b = air_velocity_body_c(params, attitude, velocity)
     return tuple(
         -dl * v - dq * v * jnp.abs(v) for dl, dq, v in zip(params.drag_linear, params.drag_quadratic, v_b)
     )
+
+
+def hub_axial_velocities_c(params: QuadParams, v_b, body_rates):
+    """v_z,i = v_b,z + (ω × rᵢ)_z = v_b,z + p yᵢ − q xᵢ [m/s]: the air's speed through each rotor
+    disc along body +z (climb > 0), rolling and pitching included (params split)."""
+    p, q = body_rates[0], body_rates[1]
+    return tuple(v_b[2] + p * r[1] - q * r[0] for r in params.rotor_positions)
+
+
+def inflow_thrust_change_c(params: QuadParams, rotor_speeds, axial):
+    """ΔTᵢ = −k_in ωᵢ v_z,i [N]: thrust lost climbing (gained descending) at rotor speed ωᵢ.
+
+    The first-order term of momentum theory in the axial inflow v_z,i (:func:`hub_axial_velocities_c`):
+    the blade's angle of attack falls by v_z/(ω r). It also damps roll and pitch, since a rolling
+    vehicle's descending rotors gain thrust (−k_in ω Σ yᵢ² p). Envelope: |v_z,i| well below the
+    induced velocity's scale k_f ωᵢ / k_in; no vortex-ring state."""
+    return tuple(-params.k_inflow * w * v for w, v in zip(rotor_speeds, axial))
+
+
+def ground_effect(params: QuadParams, height):
+    """g = 1 / (1 − (ρ / 4z)²): the thrust gain near the ground (Cheeseman & Bennett 1955), ρ the
+    rotor radius and z the height [m] of the centre of mass above ``ground_z``; 1 where ρ = 0.
+
+    Envelope: the method of images for one rotor. Below z = ρ/2 it is held at its value there
+    (4/3), where the formula leaves its range; from z = 3 ρ up the gain is under 1 %."""
+    rho = params.rotor_radius
+    on = rho > 0
+    z = jnp.maximum(height, 0.5 * rho)
+    ratio = jnp.where(on, rho / (4.0 * jnp.where(on, z, 1.0)), 0.0)  # a safe divisor where ρ = 0
+    return 1.0 / (1.0 - ratio * ratio)
+
+
+def thrusts_c(params: QuadParams, rotor_speeds, energy, axial, height):
+    """Tᵢ = g(z) (s k_f ωᵢ² + ΔTᵢ): :func:`rotor_thrusts_c` with the inflow
+    (:func:`inflow_thrust_change_c`) and ground effect (:func:`ground_effect`) [N]."""
+    g = ground_effect(params, height)
+    return tuple(g * (t + dt) for t, dt in zip(rotor_thrusts_c(params, rotor_speeds, energy),
+                                              inflow_thrust_change_c(params, rotor_speeds, axial)))
 
 
 def thrust_force_c(thrusts):
@@ -126,6 +183,23 @@ def rotor_moment(params: QuadParams, thrusts):
     return join(rotor_moment_c(split_params(params), split(thrusts)))
 
 
+def rotor_drag_c(params: QuadParams, v_b, rotor_speeds):
+    """The H-force F_H,i = −k_h ωᵢ (v_b,x, v_b,y, 0) of each rotor, at its hub: the force
+    Σ F_H,i [N] and moment Σ rᵢ × F_H,i [N·m] on components (params split).
+
+    A blade advancing into the air makes more drag than the retreating one: the rotor's drag
+    grows with its speed ωᵢ and the in-plane airspeed (Mahony, Kumar & Corke 2012). Hubs above
+    the centre of mass (rᵢ,z > 0) turn it into a pitch-up moment."""
+    kh, vx, vy = params.rotor_drag, v_b[0], v_b[1]
+    wsum = total(rotor_speeds)
+    wz = total(tuple(r[2] * w for r, w in zip(params.rotor_positions, rotor_speeds)))  # Σ zᵢ ωᵢ
+    wx = total(tuple(r[0] * w for r, w in zip(params.rotor_positions, rotor_speeds)))
+    wy = total(tuple(r[1] * w for r, w in zip(params.rotor_positions, rotor_speeds)))
+    force = (-kh * wsum * vx, -kh * wsum * vy, jnp.zeros_like(wsum))
+    moment = (kh * vy * wz, -kh * vx * wz, -kh * (vy * wx - vx * wy))
+    return force, moment
+
+
 def rotational_drag_moment_c(params: QuadParams, body_rates):
     """−A_r ⊙ ω on components (params split)."""
     return tuple(-a * w for a, w in zip(params.drag_rotational, body_rates))
@@ -138,24 +212,46 @@ def gyroscopic_moment_c(params: QuadParams, rotor_speeds, body_rates):
     return (-q * h, p * h, jnp.zeros_like(h))
 
 
-def body_wrench_c(params: QuadParams, attitude, velocity, body_rates, rotor_speeds, energy):
+def rotor_reaction_moment_c(params: QuadParams, rotor_accelerations):
+    """(0, 0, −I_a Σ spinᵢ ω̇ᵢ) [N·m]: a rotor spun up CCW turns the body CW (the rest of −ḣ,
+    whose −ω × h is :func:`gyroscopic_moment_c`); I_a = ``rotor_reaction_inertia`` (params split)."""
+    yaw = -params.rotor_reaction_inertia * total(tuple(s * a for s, a in zip(params.rotor_spins,
+                                                                            rotor_accelerations)))
+    zero = jnp.zeros_like(yaw)
+    return (zero, zero, yaw)
+
+
+def body_wrench_c(params: QuadParams, position, attitude, velocity, body_rates, rotor_speeds, energy,
+                  rotor_accelerations):
     """Body-frame force and moment on components (params split)."""
-    thrusts = rotor_thrusts_c(params, rotor_speeds, energy)
-    force = tuple(a + b for a, b in zip(thrust_force_c(thrusts), aero_drag_force_c(params, attitude, velocity)))
+    v_b = air_velocity_body_c(params, attitude, velocity)
+    thrusts = thrusts_c(params, rotor_speeds, energy, hub_axial_velocities_c(params, v_b, body_rates),
+                        position[2] - params.ground_z)
+    h_force, h_moment = rotor_drag_c(params, v_b, rotor_speeds)
+    force = tuple(a + b + c for a, b, c in zip(thrust_force_c(thrusts), aero_drag_force_c(params, attitude, velocity),
+                                               h_force))
     moment = tuple(
-        a + b + c
-        for a, b, c in zip(
+        a + b + c + d + e
+        for a, b, c, d, e in zip(
             rotor_moment_c(params, thrusts),
             rotational_drag_moment_c(params, body_rates),
             gyroscopic_moment_c(params, rotor_speeds, body_rates),
+            rotor_reaction_moment_c(params, rotor_accelerations),
+            h_moment,
         )
     )
     return force, moment
 
 
-def body_wrench(params: QuadParams, attitude, velocity, body_rates, rotor_speeds, energy):
-    """Body-frame force [N] (thrust + drag, no weight) and moment [N·m] on the vehicle."""
+def body_wrench(params: QuadParams, position, attitude, velocity, body_rates, rotor_speeds, energy,
+                rotor_accelerations=None):
+    """Body-frame force [N] (thrust + drag, no weight) and moment [N·m] on the vehicle at
+    ``position`` (its height sets the ground effect). ``rotor_accelerations`` (..., R) [rad/s²]
+    drive the reaction torque; None: steady rotors (no reaction torque)."""
+    if rotor_accelerations is None:
+        rotor_accelerations = jnp.zeros_like(jnp.asarray(rotor_speeds))
     force, moment = body_wrench_c(
-        split_params(params), split(attitude), split(velocity), split(body_rates), split(rotor_speeds), energy
+        split_params(params), split(position), split(attitude), split(velocity), split(body_rates),
+        split(rotor_speeds), energy, split(rotor_accelerations),
     )
     return join(force), join(moment)

@@ -139,7 +139,10 @@ def varied_fleet(R, n, dtype, seed):
             drag_quadratic=rng.uniform(0, 0.05, 3) * mass, drag_rotational=rng.uniform(0, 20, 3) * size,
             rotor_inertia=rng.uniform(0, 1e-3) * size, k_p=rng.uniform(0, 1e-8), battery_capacity=rng.uniform(1e3, 1e5),
             battery_sag=rng.uniform(0, 0.3), ground_z=rng.uniform(-1, 1), gravity=rng.uniform(1.6, 11),
-            wind=rng.uniform(-3, 3, 3), dtype=dtype)
+            wind=rng.uniform(-3, 3, 3), motor_tau_down_ratio=rng.uniform(0.4, 3.0),
+            rotor_reaction_inertia=rng.uniform(0, 1e-3) * size, rotor_drag=rng.uniform(0, 0.2) * mass / R / omega_max,
+            k_inflow=rng.uniform(0, 0.05) * 2.5 * mass * 9.81 / R / omega_max, rotor_radius=rng.uniform(0, 0.8) * arm.mean(),
+            dtype=dtype)
         hover = np.sqrt(float(p.mass) * float(p.gravity) / R / float(p.k_f))  # the mean hover speed (an
         # uneven layout's per-rotor trim may need negative thrust, and hover_rotor_speed is NaN there)
         q = rng.normal(size=4)

@@ -112,7 +112,7 @@ def test_seed_004_worked_example(backend):
     s0 = qj.QuadState.create(rotor_speeds=w, dtype=jnp.float64)
     from quadjax.quadrotor import body_wrench
 
-    F_b, M_b = body_wrench(p, s0.attitude, s0.velocity, s0.body_rates, w, s0.energy)
+    F_b, M_b = body_wrench(p, s0.position, s0.attitude, s0.velocity, s0.body_rates, w, s0.energy)
     np.testing.assert_allclose(F_b, [0.0, 0.0, 4.637], atol=5e-4)
     np.testing.assert_allclose(M_b, [0.0, 0.0, -0.0351], atol=5e-5)
     final = simulate_open_loop(backend, save_every=0)(p, s0, jnp.tile(w, (200, 1)), 0.01).final

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 
 from quadjax._pytree import pytree_dataclass
+from quadjax.params import params_valid
 from quadjax.sysid.objective import LossWeights, residuals
 from quadjax.sysid.parameters import ParamSpec
 from quadjax.sysid.windows import Windows
@@ -126,7 +127,11 @@ def run(theta0, spec, windows, dt, n_data, adam_lr, gtol, ftol, adam_steps, lbfg
         k, theta, adam_state, lbfgs_state, best, f_best, s_best, hist, stalled, _ = c
         f, g, S = _objective_stats(theta, spec, windows, dt, n_data, weights, mode, substeps)
         finite = jnp.isfinite(f) & jnp.all(jnp.isfinite(g))
-        better = finite & (f < f_best)
+        # an iterate outside the valid set (inertia breaking the triangle inequality, say) may
+        # lower f, but is never what a fit returns
+        # lower f, but is never what a fit returns (a zero-step run, the statistics at a given θ, takes θ)
+        valid = params_valid(spec.unpack(theta)[0]) | (total == 0)
+        better = finite & valid & (f < f_best)
         best = jnp.where(better, theta, best)
         f_best = jnp.where(better, f, f_best)
         s_best = jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), S, s_best)
@@ -151,5 +156,5 @@ def run(theta0, spec, windows, dt, n_data, adam_lr, gtol, ftol, adam_steps, lbfg
 
     carry = (0, theta0, adam.init(theta0), lbfgs.init(theta0), theta0, jnp.asarray(jnp.inf, dtype), zero_stats,
              jnp.full(MAX_ITERATIONS, jnp.nan, dtype), 0, jnp.asarray(False))
-    k, _, _, _, best, _, s_best, hist, _, _ = jax.lax.while_loop(cond, body, carry)
-    return best, s_best, hist, k
+    k, _, _, _, best, f_best, s_best, hist, _, _ = jax.lax.while_loop(cond, body, carry)
+    return best, f_best, s_best, hist, k

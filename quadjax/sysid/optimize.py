@@ -25,7 +25,8 @@ class FitResult:
     Fields: params (QuadParams) and motor_map (MotorMap) at the optimum; spec
     (ParamSpec); theta (P,); values, start, std (P,) in SI (std from the chosen
     covariance; inf where unidentifiable); uncertainty (Uncertainty);
-    loss_history, one value per optimiser step (Adam, then L-BFGS); inputs,
+    loss_history, one value per optimiser step (Adam, then L-BFGS), the iterates that
+    diverged included; objective, f at the returned (best valid) iterate; inputs,
     horizon, windows, covariance: the settings.
     """
 
@@ -42,6 +43,7 @@ class FitResult:
     horizon: int
     windows: int
     covariance: str
+    objective: float
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -167,9 +169,12 @@ def fit(
     weights = weights or LossWeights()
     if covariance not in ("sandwich", "gauss_newton"):
         raise ValueError(f"covariance={covariance!r}: choose 'sandwich' or 'gauss_newton'")
-    if inputs == "rotor_speeds" and "motor_tau" in parse_names(names, params0.num_rotors):
-        raise ValueError("motor_tau cannot be identified when measured rotor speeds drive the model "
-                         "(inputs='rotor_speeds' sets τ = 0); fit it with inputs='commands'")
+    lagged = [n for n in ("motor_tau", "motor_tau_down_ratio", "rotor_reaction_inertia")
+              if n in parse_names(names, params0.num_rotors)]
+    if inputs == "rotor_speeds" and lagged:
+        raise ValueError(f"{lagged[0]} cannot be identified when measured rotor speeds drive the model "
+                         "(inputs='rotor_speeds' sets τ = 0: no rotor lag, no rotor acceleration); "
+                         "fit it with inputs='commands'")
     try:
         check_params(params0)
     except ValueError as err:
@@ -198,14 +203,14 @@ def fit(
     theta0 = spec.theta0(dtype)
     if not (0 <= adam_steps and 0 <= lbfgs_steps and adam_steps + lbfgs_steps < MAX_ITERATIONS):
         raise ValueError(f"fit: need adam_steps, lbfgs_steps >= 0 with a sum below {MAX_ITERATIONS}")
-    theta, S, history, iters = run(
+    theta, f_best, S, history, iters = run(
         theta0, spec, windows, jnp.asarray(dt, dtype), jnp.asarray(n_data, dtype), jnp.asarray(adam_lr, dtype),
         jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype), int(adam_steps), int(lbfgs_steps), weights,
         mode=inputs, substeps=substeps)
     history = np.asarray(history)[: int(iters)]
     if verbose:
         print(f"  {int(iters)} iterations (Adam {adam_steps}, L-BFGS ≤ {lbfgs_steps}): "
-              f"f = {history[0]:.6g} → {history[-1]:.6g}", flush=True)
+              f"f = {history[0]:.6g} → best {float(f_best):.6g}", flush=True)
     info = information_from(S, spec, n_data, windows.num_windows)
     unc = uncertainty(np.asarray(theta), spec, info, rtol=rank_rtol, max_rel_std=max_rel_std,
                       covariance=covariance, warn=warn, stacklevel=3)
@@ -214,4 +219,4 @@ def fit(
     start = np.asarray(spec.values(theta0), np.float64)
     std = unc.std_sandwich if covariance == "sandwich" else unc.std_gauss_newton
     return FitResult(params, motor_map, spec, np.asarray(theta), values, start, std, unc, history, inputs,
-                     horizon, windows.num_windows, covariance)
+                     horizon, windows.num_windows, covariance, float(f_best))

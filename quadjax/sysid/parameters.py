@@ -17,6 +17,13 @@ k_f                 —                  log         N/(rad/s)²
 k_m                 —                  log         m, yaw torque per newton of thrust
 motor_tau           —                  log         s, rotor lag (needs motor-command inputs)
 rotor_inertia       —                  log         kg·m², gyroscopic term
+motor_tau_down_ratio —                 log         spin-down lag / spin-up lag
+rotor_reaction_inertia —               log         kg·m², reaction torque −I_a Σ spinᵢ ω̇ᵢ
+                                                   (needs motor-command inputs: measured
+                                                   speeds drive the rotors without lag)
+rotor_drag          —                  log         N/((m/s)·(rad/s)), H-force
+k_inflow            —                  log         N/((m/s)·(rad/s)), thrust lost to inflow
+rotor_radius        —                  log         m, ground effect
 inertia             xx, yy, zz         log         kg·m², principal diagonal
 inertia_products    xy, xz, yz         affine      kg·m², off-diagonal (kept symmetric)
 drag_linear         x, y, z            log         N/(m/s), body axes
@@ -33,7 +40,9 @@ motor_exponent      —                  log         MotorMap.exponent
 
 A positive quantity that starts at 0 (no drag in the preset, say) starts at a
 small floor instead, since log(0) has no gradient: a 10 s time constant for the drag terms
-(0.1·m, 0.1·mean J), 1e-3 of J_zz for the rotor inertia, 1e-3 of the arm for k_m, 1 ms for τ.
+(0.1·m, 0.1·mean J), 1e-3 of J_zz for the rotor inertia (the reaction torque's starts at the
+gyroscopic one's), 1e-3 of the arm for k_m, 1 ms for τ; a 10 s velocity time constant at hover for the
+rotor drag, 1 % of the hover thrust per m/s for the inflow, half the arm for the rotor radius.
 """
 
 from __future__ import annotations
@@ -127,6 +136,11 @@ _BUILDERS = {
     "k_m": _fixed(_scalar("k_m")),
     "motor_tau": _fixed(_scalar("motor_tau")),
     "rotor_inertia": _fixed(_scalar("rotor_inertia")),
+    "motor_tau_down_ratio": _fixed(_scalar("motor_tau_down_ratio")),
+    "rotor_reaction_inertia": _fixed(_scalar("rotor_reaction_inertia")),
+    "rotor_drag": _fixed(_scalar("rotor_drag")),
+    "k_inflow": _fixed(_scalar("k_inflow")),
+    "rotor_radius": _fixed(_scalar("rotor_radius")),
     "inertia": _fixed(_Group(("xx", "yy", "zz"), True, lambda p, m: jnp.diagonal(p.inertia), _set_inertia_diag)),
     "inertia_products": _fixed(_Group(
         ("xy", "xz", "yz"), False,
@@ -165,7 +179,12 @@ def _group(name: str, R: int) -> _Group:
 def _floors(p: QuadParams) -> dict:
     """Starting values [SI] for positive quantities that start at 0 (log(0) has no gradient)."""
     jm = jnp.mean(jnp.diagonal(p.inertia))
+    w_hover = jnp.sqrt(p.mass * p.gravity / (p.num_rotors * p.k_f))
     return {
+        "rotor_reaction_inertia": jnp.where(p.rotor_inertia > 0, p.rotor_inertia, 1e-3 * p.inertia[2, 2]),
+        "rotor_drag": 0.1 * p.mass / (p.num_rotors * w_hover),  # a 10 s velocity time constant at hover
+        "k_inflow": 0.01 * p.k_f * w_hover,                    # 1 % of hover thrust per m/s of climb
+        "rotor_radius": 0.5 * _arm(p),
         "drag_linear": 0.1 * p.mass,           # a 10 s velocity time constant
         "drag_quadratic": 0.1 * p.mass,
         "drag_rotational": 0.1 * jm,           # a 10 s body-rate time constant

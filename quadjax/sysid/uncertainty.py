@@ -60,7 +60,7 @@ def information(theta, spec: ParamSpec, windows: Windows, dt, weights: LossWeigh
     dtype = theta.dtype
     n = data_count(windows, weights, mode)
     z = jnp.zeros((), dtype)
-    _, S, _, _ = run(theta, spec, windows, jnp.asarray(dt, dtype), jnp.asarray(n, dtype), z, z, z, 0, 0, weights,
+    _, _, S, _, _ = run(theta, spec, windows, jnp.asarray(dt, dtype), jnp.asarray(n, dtype), z, z, z, 0, 0, weights,
                      mode=mode, substeps=substeps)
     return information_from(S, spec, n, windows.num_windows)
 

@@ -585,7 +585,7 @@ def c4dynamics_crosscheck(backend: str) -> Outcome:
     p = presets.c4dynamics_reference(dtype=F64)
     w = hover_rotor_speed(p) * _a([1.1, 1.1, 0.9, 0.9])
     s0 = QuadState.create(rotor_speeds=w, dtype=F64)
-    F_b, M_b = body_wrench(p, s0.attitude, s0.velocity, s0.body_rates, w, s0.energy)
+    F_b, M_b = body_wrench(p, s0.position, s0.attitude, s0.velocity, s0.body_rates, w, s0.energy)
     final = _open_loop(backend, 0.01, save_every=0)(p, s0, jnp.tile(w, (200, 1))).final
     psi = float(np.degrees(frames.quat_to_euler321(final.attitude)[2]))
     metrics = {"derivative_max_rel_error": worst, "example_thrust_error_N": abs(float(F_b[2]) - 4.637),
