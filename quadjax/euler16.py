@@ -239,7 +239,7 @@ def from_quad_params(params: QuadParams, corrections=()) -> Euler16Params:
         raise ValueError(f"from_quad_params: spins must be (CCW, CW, CCW, CW) = (1, −1, 1, −1); got "
                          f"{np.asarray(params.rotor_spins).tolist()}")
     absent = [f for f in ("drag_linear", "drag_quadratic", "drag_rotational", "rotor_inertia", "battery_sag",
-                          "rotor_reaction_inertia", "rotor_drag", "k_inflow", "rotor_radius")
+                          "rotor_reaction_inertia", "rotor_drag", "blade_flapping", "k_inflow", "rotor_radius")
               if np.any(np.asarray(getattr(params, f)) != 0)]
     if float(params.motor_tau_down_ratio) != 1:
         absent.append("motor_tau_down_ratio (set it to 1)")

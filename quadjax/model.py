@@ -60,6 +60,7 @@ def derivative(params: QuadParams, state: QuadState, command) -> QuadState:
         q̇ = ½ q ⊗ (0, ω)
         ω̇ = J⁻¹ (M − ω × J ω),  M = Σ rᵢ × (0, 0, Tᵢ) − (0, 0, Σ spinᵢ k_m Tᵢ) − A_r ⊙ ω
              − ω × (0, 0, I_R Σ spinᵢ ωᵢ) − (0, 0, I_a Σ spinᵢ ω̇ᵢ) + Σ rᵢ × F_H,i
+             + k_β Σωᵢ (v_b,y, −v_b,x, 0)
         Ė = Σ k_p ωᵢ³
 
     Returns a :class:`QuadState` of rates (``on_ground`` rate is 0; ground

@@ -45,6 +45,8 @@ class QuadParams:
             body about z (−I_a Σ spinᵢ ω̇ᵢ); physically the rotor's (and motor bell's) inertia,
             kept apart from ``rotor_inertia`` so that each term is switched on, and fitted, alone.
         rotor_drag: () N/((m/s)·(rad/s)), the H-force −k_h ωᵢ v⊥ of each rotor in its plane.
+        blade_flapping: () N·m/((m/s)·(rad/s)), the moment k_β Σωᵢ (v_b,y, −v_b,x, 0) of the
+            rotor discs tilting away from the in-plane airflow.
         k_inflow: () N/((m/s)·(rad/s)), thrust lost to axial inflow, ΔTᵢ = −k_in ωᵢ v_z,i.
         rotor_radius: () m, the propeller radius of the ground effect; 0 = no ground effect.
     """
@@ -71,6 +73,7 @@ class QuadParams:
     motor_tau_down_ratio: jax.Array
     rotor_reaction_inertia: jax.Array
     rotor_drag: jax.Array
+    blade_flapping: jax.Array
     k_inflow: jax.Array
     rotor_radius: jax.Array
 
@@ -100,6 +103,7 @@ class QuadParams:
         motor_tau_down_ratio=1.0,
         rotor_reaction_inertia=0.0,
         rotor_drag=0.0,
+        blade_flapping=0.0,
         k_inflow=0.0,
         rotor_radius=0.0,
         dtype=None,
@@ -197,7 +201,7 @@ _MATRICES = ("inertia", "rotor_positions")
 _SCALARS = (
     "mass", "k_f", "k_m", "motor_tau", "omega_min", "omega_max", "rotor_inertia",
     "k_p", "battery_capacity", "battery_sag", "ground_z", "gravity",
-    "motor_tau_down_ratio", "rotor_reaction_inertia", "rotor_drag", "k_inflow", "rotor_radius",
+    "motor_tau_down_ratio", "rotor_reaction_inertia", "rotor_drag", "blade_flapping", "k_inflow", "rotor_radius",
 )
 
 
@@ -226,7 +230,7 @@ def _value_checks(p, xp):
 
     The bounds are invariant I1: every value finite; mass, k_f, capacity > 0;
     inertia symmetric positive definite and physical (triangle inequality);
-    spins ±1; k_m, tau, drags, rotor inertias, k_p, gravity, rotor drag, k_inflow,
+    spins ±1; k_m, tau, drags, rotor inertias, k_p, gravity, rotor drag, flapping, k_inflow,
     rotor radius ≥ 0; 0 ≤ omega_min < omega_max; 0 ≤ sag < 1; spin-down ratio > 0.
     """
     def all_last(ok, n):
@@ -276,6 +280,7 @@ def _value_checks(p, xp):
         "motor_tau_down_ratio": finite(p["motor_tau_down_ratio"], 0) & (p["motor_tau_down_ratio"] > 0),
         "rotor_reaction_inertia": finite(p["rotor_reaction_inertia"], 0) & nonneg(p["rotor_reaction_inertia"], 0),
         "rotor_drag": finite(p["rotor_drag"], 0) & nonneg(p["rotor_drag"], 0),
+        "blade_flapping": finite(p["blade_flapping"], 0) & nonneg(p["blade_flapping"], 0),
         "k_inflow": finite(p["k_inflow"], 0) & nonneg(p["k_inflow"], 0),
         "rotor_radius": finite(p["rotor_radius"], 0) & nonneg(p["rotor_radius"], 0),
     }

@@ -200,6 +200,15 @@ def rotor_drag_c(params: QuadParams, v_b, rotor_speeds):
     return force, moment
 
 
+def blade_flapping_moment_c(params: QuadParams, v_b, rotor_speeds):
+    """M_β = k_β Σωᵢ (v_b,y, −v_b,x, 0) [N·m] on components (params split): the rotor discs tilt away
+    from the in-plane airflow (the advancing blade lifts more and flaps up), and the tilted thrust
+    and the hubs' stiffness turn the nose up into it (Mahony, Kumar & Corke 2012, lumped into one
+    coefficient proportional to the rotor speed). Moving forward (v_b,x > 0) it pitches the nose up."""
+    k = params.blade_flapping * total(rotor_speeds)
+    return (k * v_b[1], -k * v_b[0], jnp.zeros_like(k))
+
+
 def rotational_drag_moment_c(params: QuadParams, body_rates):
     """−A_r ⊙ ω on components (params split)."""
     return tuple(-a * w for a, w in zip(params.drag_rotational, body_rates))
@@ -231,13 +240,14 @@ def body_wrench_c(params: QuadParams, position, attitude, velocity, body_rates, 
     force = tuple(a + b + c for a, b, c in zip(thrust_force_c(thrusts), aero_drag_force_c(params, attitude, velocity),
                                                h_force))
     moment = tuple(
-        a + b + c + d + e
-        for a, b, c, d, e in zip(
+        a + b + c + d + e + f
+        for a, b, c, d, e, f in zip(
             rotor_moment_c(params, thrusts),
             rotational_drag_moment_c(params, body_rates),
             gyroscopic_moment_c(params, rotor_speeds, body_rates),
             rotor_reaction_moment_c(params, rotor_accelerations),
             h_moment,
+            blade_flapping_moment_c(params, v_b, rotor_speeds),
         )
     )
     return force, moment

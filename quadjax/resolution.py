@@ -7,6 +7,10 @@ fastest rate λ [1/s] of the dynamics: explicit RK4 on ẋ = −λx is unstable 
     linear drag          λ = max D_lin / m
     rotational drag      λ = max A_r / J_min
     gyroscopic coupling  λ = I_r · R ω_max / J_min          (all rotors one way, at ω_max)
+    rotor damping        λ = max((k_h + k_in) R ω_max / m, k_in ω_max Σ|rᵢ|² / J_min,
+                             √(k_β R ω_max g / J_min))
+                         (H-force and inflow on the velocity; inflow on roll and pitch; the
+                         flapping moment's coupling of tilt and velocity)
     quadratic drag       λ = 2 max D_quad · |v − wind| / m  (its linearisation; state)
     rotation             |ω|: the angle turned per step is |ω| h                 (state)
     rotor transient      (3/τ) · max |clamp(u) − ω| / ω_max                      (state)
@@ -29,7 +33,7 @@ step may lose at most 1/8 of the thrust to it.
 
 J_min is the smallest principal moment. Two guards use them:
 
-* :func:`start_code` (before the first step): the parameters' own rates (the first three)
+* :func:`start_code` (before the first step): the parameters' own rates (the first four)
   times h beyond the stepper's stability limit (×0.9) means the run cannot be right. The
   engine raises for concrete inputs and gives status ``coarse_step`` to traced ones.
 * :func:`step_resolved` (the monitor, every step): every rate, with the state's on both sides
@@ -76,11 +80,26 @@ def fixed(params: QuadParams) -> Fixed:
     linear = jnp.max(params.drag_linear, axis=-1) / params.mass
     rotational = jnp.max(params.drag_rotational, axis=-1) / j_min
     gyroscopic = params.rotor_inertia * params.num_rotors * params.omega_max / j_min
-    return Fixed(jnp.maximum(jnp.maximum(linear, rotational), gyroscopic), j_min)
+    return Fixed(jnp.maximum(jnp.maximum(linear, rotational), jnp.maximum(gyroscopic, rotor_damping(params, j_min))),
+                 j_min)
+
+
+def rotor_damping(params: QuadParams, j_min):
+    """The fastest rate [1/s] the rotors' aerodynamics set: (k_h + k_in) R ω_max / m, the H-force's and
+    inflow's damping of the velocity; k_in ω_max Σ|rᵢ|² / J_min, the inflow's of roll and pitch; and
+    √(k_β R ω_max g / J_min), the flapping moment's coupling of tilt (which accelerates the vehicle
+    at g per radian) and velocity (which tilts it); every rotor at ω_max; 0 with all three off."""
+    omega = params.num_rotors * params.omega_max
+    velocity = (params.rotor_drag + params.k_inflow) * omega / params.mass
+    lever = jnp.sum(jnp.sum(params.rotor_positions ** 2, axis=-1), axis=-1)
+    rates = params.k_inflow * params.omega_max * lever / j_min
+    flapping = jnp.sqrt(params.blade_flapping * omega * params.gravity / j_min)
+    return jnp.maximum(jnp.maximum(velocity, rates), flapping)
 
 
 def fixed_rate(params: QuadParams):
-    """The fastest rate the parameters alone set [1/s] (per vehicle): drags and gyroscopic coupling."""
+    """The fastest rate the parameters alone set [1/s] (per vehicle): drags, gyroscopic coupling and
+    rotor damping."""
     return fixed(params).rate
 
 

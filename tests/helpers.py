@@ -141,6 +141,7 @@ def varied_fleet(R, n, dtype, seed):
             battery_sag=rng.uniform(0, 0.3), ground_z=rng.uniform(-1, 1), gravity=rng.uniform(1.6, 11),
             wind=rng.uniform(-3, 3, 3), motor_tau_down_ratio=rng.uniform(0.4, 3.0),
             rotor_reaction_inertia=rng.uniform(0, 1e-3) * size, rotor_drag=rng.uniform(0, 0.2) * mass / R / omega_max,
+            blade_flapping=rng.uniform(0, 0.2) * mass * arm.mean() / R / omega_max,
             k_inflow=rng.uniform(0, 0.05) * 2.5 * mass * 9.81 / R / omega_max, rotor_radius=rng.uniform(0, 0.8) * arm.mean(),
             dtype=dtype)
         hover = np.sqrt(float(p.mass) * float(p.gravity) / R / float(p.k_f))  # the mean hover speed (an

@@ -115,6 +115,20 @@ def test_h_force_opposes_the_in_plane_airspeed_in_proportion_to_the_rotor_speeds
     assert float(d.body_rates[1]) < 0  # nose up (FLU: +y rotation is nose down)
 
 
+def test_blade_flapping_pitches_the_nose_up_into_the_airflow():
+    """M_β = k_β Σωᵢ (v_b,y, −v_b,x, 0) on the air-relative velocity, no force."""
+    kb = 3e-7
+    p = _bare(blade_flapping=kb, gravity=0.0).replace(wind=jnp.asarray([0.5, -1.0, 0.4], F64))
+    s = _state(p, velocity=[2.0, 1.0, 0.7])
+    w = s.rotor_speeds
+    d = qj.derivative(p, s, w)
+    air = s.velocity - p.wind
+    np.testing.assert_allclose(p.inertia @ d.body_rates, [kb * jnp.sum(w) * air[1], -kb * jnp.sum(w) * air[0], 0.0],
+                               atol=1e-15)
+    np.testing.assert_allclose(d.velocity, [0.0, 0.0, p.k_f * jnp.sum(w ** 2) / p.mass], atol=1e-12)
+    assert float(d.body_rates[1]) < 0  # flying forward, the nose comes up
+
+
 def test_inflow_lowers_thrust_climbing_and_damps_roll():
     """Tᵢ = k_f ωᵢ² − k_in ωᵢ (v_z + p yᵢ − q xᵢ): climbing at v_z loses k_in Σωᵢ v_z of thrust;
     rolling at p the rotors on the descending side gain thrust, M_x = −k_in p Σ ωᵢ yᵢ²."""
@@ -164,6 +178,7 @@ _NEUTRAL = {  # each effect's function replaced by what it gives when its parame
     "ground_effect": lambda params, height: 1.0,
     "rotor_drag_c": lambda params, v_b, rotor_speeds: ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)),
     "rotor_reaction_moment_c": lambda params, acc: (0.0, 0.0, 0.0),
+    "blade_flapping_moment_c": lambda params, v_b, rotor_speeds: (0.0, 0.0, 0.0),
 }
 
 
@@ -177,7 +192,7 @@ def test_every_preset_has_every_effect_off_and_off_is_bit_identical_to_without(d
     for name in ("rp1", "crazyflie21", "crazyflie21_brushless", "iris", "c4dynamics_reference", "cmu_plus"):
         p = qj.presets.get(name, dtype=dtype)
         assert float(p.motor_tau_down_ratio) == 1.0
-        for field in ("rotor_reaction_inertia", "rotor_drag", "k_inflow", "rotor_radius"):
+        for field in ("rotor_reaction_inertia", "rotor_drag", "blade_flapping", "k_inflow", "rotor_radius"):
             assert float(getattr(p, field)) == 0.0, (name, field)
         s = qj.hover_state(p, position=(0.0, 0.0, float(rng.uniform(0.0, 2.0))))
         s = s.replace(velocity=jnp.asarray(rng.uniform(-3, 3, 3), dtype),
@@ -203,6 +218,7 @@ def test_the_effects_are_checked_at_the_boundary():
     base = dict(mass=1.0, inertia=(0.01, 0.01, 0.02), rotor_positions=qj.presets.quad_x_positions(0.2),
                 rotor_spins=(1, 1, -1, -1), k_f=1e-5, k_m=0.01, omega_max=1000.0)
     for field, bad in (("motor_tau_down_ratio", 0.0), ("rotor_reaction_inertia", -1e-6), ("rotor_drag", -1.0),
+                       ("blade_flapping", np.inf),
                        ("k_inflow", np.nan), ("rotor_radius", -0.1)):
         with pytest.raises(ValueError, match=f"QuadParams.{field}"):
             qj.QuadParams.create(**base, **{field: bad})
@@ -221,19 +237,21 @@ def _flights(p, n, steps, seed, altitudes=(10.0,), noise=None, **state):
                          name=f"flight{i}") for i in range(n)]
 
 
-def test_the_lag_asymmetry_reaction_torque_h_force_and_inflow_are_recovered():
-    """A Crazyflie-sized truth with all four on (spin-down 1.8× slower, I_a = 2e-4 J_zz, an H-force
-    of 5 % of the weight per m/s at hover, 5 % of hover thrust lost per m/s of inflow); the fit
-    starts 30–50 % off on each, and k_f and τ are fitted beside them: each within 1 %."""
+def test_the_lag_asymmetry_reaction_torque_h_force_flapping_and_inflow_are_recovered():
+    """A Crazyflie-sized truth with all five on (spin-down 1.8× slower, I_a = 2e-4 J_zz, an H-force
+    of 5 % of the weight per m/s at hover, a flapping moment of that force at 2 cm, 5 % of hover
+    thrust lost per m/s of inflow); the fit starts 30–50 % off on each, and k_f and τ are fitted
+    beside them: each within 1 %."""
     from quadjax.sysid import LossWeights, fit
 
     p = qj.presets.crazyflie21_brushless(dtype=F64).replace(motor_tau=jnp.asarray(0.045, F64))
     w_h = float(jnp.mean(qj.hover_rotor_speed(p)))
     truth = {"motor_tau_down_ratio": 1.8, "rotor_reaction_inertia": 2e-4 * float(p.inertia[2, 2]),
-             "rotor_drag": 0.05 * float(p.mass * p.gravity) / (4 * w_h), "k_inflow": 0.05 * float(p.k_f) * w_h}
+             "rotor_drag": 0.05 * float(p.mass * p.gravity) / (4 * w_h),
+             "blade_flapping": 0.02 * 0.05 * float(p.mass * p.gravity) / (4 * w_h), "k_inflow": 0.05 * float(p.k_f) * w_h}
     true_p = p.replace(**{k: jnp.asarray(v, F64) for k, v in truth.items()})
     start = p.replace(k_f=p.k_f * 1.1, motor_tau=p.motor_tau * 0.8,
-                      **{k: jnp.asarray(v * f, F64) for (k, v), f in zip(truth.items(), (0.7, 1.5, 0.6, 1.4))})
+                      **{k: jnp.asarray(v * f, F64) for (k, v), f in zip(truth.items(), (0.7, 1.5, 0.6, 1.5, 1.4))})
     names = "k_f,motor_tau," + ",".join(truth)
     result = fit(_flights(true_p, 12, 40, seed=5), names, start, inputs="commands", horizon=20,
                  weights=LossWeights(rotor_speeds=5.0), adam_steps=50, lbfgs_steps=300)
@@ -267,3 +285,32 @@ def test_the_ground_effect_is_recovered_from_low_flights_and_flagged_from_high_o
                    weights=LossWeights(position=1e-3, velocity=5e-3, attitude=2e-3, body_rates=1e-2), **settings)
     assert any(issubclass(c.category, UnidentifiableWarning) for c in caught)
     assert "rotor_radius" in high.uncertainty.unidentifiable
+
+
+# --- the logs' own signals: k_f from the IMU ----------------------------------------------------------
+
+def test_k_f_from_the_specific_force_of_synthetic_flights():
+    """The synthetic logs' IMU reads v̇ + g e_z; the line through the origin of m f_b,z on Σωᵢ² gives
+    k_f to 1e-9 without body z drag, and k_f within its reported std (× 4) with IMU noise."""
+    from quadjax.sysid import k_f_from_specific_force
+
+    p = qj.presets.crazyflie21_brushless(dtype=F64).replace(drag_linear=jnp.asarray([0.01, 0.012, 0.0], F64))
+    logs = _flights(p, 4, 60, seed=8)
+    exact = k_f_from_specific_force(logs, float(p.mass))
+    assert abs(exact.k_f / float(p.k_f) - 1) < 1e-9 and exact.rows == 4 * 61
+    noisy = k_f_from_specific_force(_flights(p, 4, 60, seed=8, noise={"specific_force": 0.05}), float(p.mass))
+    assert abs(noisy.k_f - float(p.k_f)) < 4 * noisy.std and noisy.std > 0
+    assert noisy.residual_rms == pytest.approx(float(p.mass) * 0.05, rel=0.15)
+
+
+def test_k_f_from_the_specific_force_of_the_nanodrone_flights():
+    """On the benchmark's training flights it reproduces the data README's least-squares value,
+    3.7178e-8 N/(rad/s)², with a 0.013 N residual."""
+    from quadjax.logs import NANODRONE_TRAIN, load_nanodrone, nanodrone_dir
+    from quadjax.sysid import k_f_from_specific_force
+
+    folder = nanodrone_dir()
+    if folder is None or not (folder / f"{NANODRONE_TRAIN[0]}.parquet").is_file():
+        pytest.skip("nano-drone flights not present")
+    fit = k_f_from_specific_force([load_nanodrone(folder / f"{n}.parquet") for n in NANODRONE_TRAIN], 0.045)
+    assert fit.k_f == pytest.approx(3.7178e-8, rel=1e-4) and fit.residual_rms < 0.015

@@ -342,7 +342,10 @@ def _cases(n, seed):
         drag_quadratic=mass[:, None] * logu(1e-4, 2, (n, 3)), drag_rotational=scale[:, None] * logu(1e-3, 200, (n, 3)),
         rotor_inertia=scale * logu(1e-6, 1e-1), k_p=logu(1e-12, 1e-7), battery_capacity=logu(10, 1e6),
         battery_sag=rng.uniform(0, 0.5, n), ground_z=rng.uniform(-1, 1, n), gravity=rng.uniform(0, 20, n),
-        wind=rng.uniform(-10, 10, (n, 3)))
+        wind=rng.uniform(-10, 10, (n, 3)),
+        # the small-vehicle effects off: the 3 % bound is characterised without them (see the note on issue 16)
+        motor_tau_down_ratio=np.ones(n), rotor_reaction_inertia=np.zeros(n), rotor_drag=np.zeros(n),
+        blade_flapping=np.zeros(n), k_inflow=np.zeros(n), rotor_radius=np.zeros(n))
     bad = rng.random(n) < 0.05
     p["mass"] = np.where(bad & (rng.random(n) < 0.5), -p["mass"], p["mass"])
     p["battery_sag"] = np.where(bad & (rng.random(n) < 0.5), 1.5, p["battery_sag"])
@@ -385,7 +388,8 @@ def _increments(params, state, command, h):
     from quadjax.quadrotor import body_wrench
 
     top = jnp.maximum(state.rotor_speeds, jnp.clip(command, 0, params.omega_max[:, None]))
-    F, M = (np.asarray(x) for x in body_wrench(params, state.attitude, state.velocity, state.body_rates, top,
+    F, M = (np.asarray(x) for x in body_wrench(params, state.position, state.attitude, state.velocity,
+                                               state.body_rates, top,
                                                state.energy))
     moments = np.linalg.eigvalsh(np.asarray(params.inertia))
     w = np.linalg.norm(np.asarray(state.body_rates), axis=1)

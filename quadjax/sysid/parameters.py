@@ -22,6 +22,7 @@ rotor_reaction_inertia —               log         kg·m², reaction torque �
                                                    (needs motor-command inputs: measured
                                                    speeds drive the rotors without lag)
 rotor_drag          —                  log         N/((m/s)·(rad/s)), H-force
+blade_flapping      —                  log         N·m/((m/s)·(rad/s)), flapping moment
 k_inflow            —                  log         N/((m/s)·(rad/s)), thrust lost to inflow
 rotor_radius        —                  log         m, ground effect
 inertia             xx, yy, zz         log         kg·m², principal diagonal
@@ -42,7 +43,8 @@ A positive quantity that starts at 0 (no drag in the preset, say) starts at a
 small floor instead, since log(0) has no gradient: a 10 s time constant for the drag terms
 (0.1·m, 0.1·mean J), 1e-3 of J_zz for the rotor inertia (the reaction torque's starts at the
 gyroscopic one's), 1e-3 of the arm for k_m, 1 ms for τ; a 10 s velocity time constant at hover for the
-rotor drag, 1 % of the hover thrust per m/s for the inflow, half the arm for the rotor radius.
+rotor drag (and the same force at a lever of one arm for the flapping), 1 % of the hover thrust per m/s
+for the inflow, half the arm for the rotor radius.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ _BUILDERS = {
     "motor_tau_down_ratio": _fixed(_scalar("motor_tau_down_ratio")),
     "rotor_reaction_inertia": _fixed(_scalar("rotor_reaction_inertia")),
     "rotor_drag": _fixed(_scalar("rotor_drag")),
+    "blade_flapping": _fixed(_scalar("blade_flapping")),
     "k_inflow": _fixed(_scalar("k_inflow")),
     "rotor_radius": _fixed(_scalar("rotor_radius")),
     "inertia": _fixed(_Group(("xx", "yy", "zz"), True, lambda p, m: jnp.diagonal(p.inertia), _set_inertia_diag)),
@@ -183,6 +186,7 @@ def _floors(p: QuadParams) -> dict:
     return {
         "rotor_reaction_inertia": jnp.where(p.rotor_inertia > 0, p.rotor_inertia, 1e-3 * p.inertia[2, 2]),
         "rotor_drag": 0.1 * p.mass / (p.num_rotors * w_hover),  # a 10 s velocity time constant at hover
+        "blade_flapping": 0.1 * p.mass * _arm(p) / (p.num_rotors * w_hover),  # that drag at the arm's height
         "k_inflow": 0.01 * p.k_f * w_hover,                    # 1 % of hover thrust per m/s of climb
         "rotor_radius": 0.5 * _arm(p),
         "drag_linear": 0.1 * p.mass,           # a 10 s velocity time constant

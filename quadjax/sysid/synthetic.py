@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from quadjax.logs import FlightLog
-from quadjax.model import hover_rotor_speed
+from quadjax.model import derivative, hover_rotor_speed
 from quadjax.params import QuadParams
 from quadjax.quadrotor import effective_rotor_speeds
 from quadjax.quaternion import quat_from_axis_angle, quat_multiply, quat_normalize
@@ -86,9 +86,12 @@ def simulate_log(params: QuadParams, state0: QuadState, inputs, dt: float, *, mo
     command without one), so a log of a lag-free vehicle replays exactly in
     'rotor_speeds' mode.
 
+    ``specific_force`` is what an IMU reads, in the world frame as the nano-drone logs give it:
+    v̇ + g e_z from the model at each row's state and input.
+
     ``noise``: std per channel, keys position [m], velocity [m/s], attitude
-    [rad] (a random small rotation), body_rates [rad/s], rotor_speeds [rad/s];
-    independent Gaussian per sample (``seed``).
+    [rad] (a random small rotation), body_rates [rad/s], rotor_speeds [rad/s],
+    specific_force [m/s²]; independent Gaussian per sample (``seed``).
     """
     mm = motor_map if motor_map is not None else MotorMap.identity(params.num_rotors, dtype=params.mass.dtype)
     u = jnp.asarray(inputs, params.mass.dtype)
@@ -101,6 +104,12 @@ def simulate_log(params: QuadParams, state0: QuadState, inputs, dt: float, *, mo
     cmd_rows = np.concatenate([np.asarray(command), np.asarray(command[-1:])], axis=0)
     rotors = np.asarray(effective_rotor_speeds(params, jnp.asarray(rotor_state), jnp.asarray(cmd_rows)))
     u_rows = np.concatenate([np.asarray(u), np.asarray(u[-1:])], axis=0)
+    rows = QuadState(position=jnp.asarray(pos), velocity=jnp.asarray(vel), attitude=jnp.asarray(att),
+                     body_rates=jnp.asarray(rates), rotor_speeds=jnp.asarray(rotor_state),
+                     energy=jnp.asarray(cat(state0.energy, states.energy)),
+                     on_ground=jnp.asarray(cat(state0.on_ground, states.on_ground)))
+    accel = jax.vmap(lambda x, c: derivative(params, x, c).velocity)(rows, jnp.asarray(cmd_rows))
+    force = np.asarray(accel) + np.array([0.0, 0.0, 1.0]) * float(params.gravity)
     if noise:
         rng = np.random.default_rng(seed)
         pos = pos + rng.normal(size=pos.shape) * noise.get("position", 0.0)
@@ -112,8 +121,10 @@ def simulate_log(params: QuadParams, state0: QuadState, inputs, dt: float, *, mo
             small = rng.normal(size=(len(att), 3)) * sigma
             dq = np.concatenate([np.ones((len(att), 1)), 0.5 * small], axis=1)
             att = np.asarray(quat_normalize(quat_multiply(jnp.asarray(att), jnp.asarray(dq))))
+        if "specific_force" in noise:  # drawn last: the other channels' noise is as it was before the IMU
+            force = force + rng.normal(size=force.shape) * noise["specific_force"]
     T = len(pos)
     return FlightLog(
         name=name, t=np.arange(T) * dt, position=pos, velocity=vel, attitude=att, body_rates=rates,
-        rotor_speeds=rotors, motor_commands=u_rows, stale=np.zeros(T, bool),
+        rotor_speeds=rotors, motor_commands=u_rows, specific_force=force, stale=np.zeros(T, bool),
     )

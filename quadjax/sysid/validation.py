@@ -116,6 +116,7 @@ def open_loop_errors(
     max_horizon: int = 50,
     stride: int = 1,
     substeps: int = 1,
+    input_delay: int = 0,
     batch_size: int = 512,
     dtype=None,
 ) -> OpenLoopErrors:
@@ -124,7 +125,9 @@ def open_loop_errors(
     ``params=None`` gives the naive (constant-state) predictor. ``stride`` > 1
     subsamples the start indices (1 = every start index, the benchmark
     protocol). Every start with a full horizon inside a log counts, stale rows
-    included. Jitted inside (one compilation per shape and mode).
+    included. ``input_delay`` d: input k of the start at row i is row i + k − d (d < 0 for
+    telemetry that trails the response it drives, as in :func:`make_windows`). Jitted inside
+    (one compilation per shape and mode).
     """
     logs = [logs] if isinstance(logs, FlightLog) else list(logs)
     if params is not None and not bool(params_valid(params)):
@@ -132,7 +135,8 @@ def open_loop_errors(
     dtype = dtype or (params.mass.dtype if params is not None else None)
     total, count = None, 0
     for log in logs:
-        w = make_windows(log, max_horizon, stride=stride, inputs=inputs, mask_stale=False, dtype=dtype)
+        w = make_windows(log, max_horizon, stride=stride, inputs=inputs, input_delay=input_delay, mask_stale=False,
+                         dtype=dtype)
         if params is None:
             mm, p = None, None
         else:
@@ -150,6 +154,25 @@ def open_loop_errors(
 def naive_errors(logs, *, max_horizon: int = 50, stride: int = 1) -> OpenLoopErrors:
     """The constant-state predictor's errors on ``logs`` (same protocol as :func:`open_loop_errors`)."""
     return open_loop_errors(None, logs, max_horizon=max_horizon, stride=stride)
+
+
+#: the isotropic inertia [kg·m²] of :func:`physics_baseline`: the rotors' moments then turn the
+#: body rates by under 1e-5 rad/s over a 50-step horizon (a Crazyflie's ~1e-3 N·m)
+_RATES_HELD = 1.0e3
+
+
+def physics_baseline(params: QuadParams) -> QuadParams:
+    """The nano-drone paper's physics baseline as params of this model: thrust k_f Σωᵢ² along body z
+    and gravity, no drag, and zero angular acceleration, i.e. position, velocity and attitude
+    integrated with the body rates held at their start.
+
+    The rates are held by an isotropic inertia of :data:`_RATES_HELD` kg·m² (ω × Jω = 0 for an
+    isotropic J, and M / J vanishes), so the prediction runs through the same engine and
+    protocol as every other row."""
+    dtype = params.mass.dtype
+    zero3 = jnp.zeros(3, dtype)
+    return params.replace(inertia=jnp.eye(3, dtype=dtype) * _RATES_HELD, drag_linear=zero3, drag_quadratic=zero3,
+                          drag_rotational=zero3, rotor_inertia=jnp.zeros((), dtype))
 
 
 def format_table(rows: dict, horizons=(1, 10, 50), published: dict | None = None) -> str:
