@@ -347,7 +347,8 @@ def report(doc, table, rows, fits, diag, timings, cross=None, ablated=None) -> s
         "measured rotor speeds held over each 10 ms step, h = 1..50; mean Euclidean errors, geodesic "
         "attitude angle; Σ = sum over h = 1..50.",
         f"* Processing: {p['processing']}. Machine: {doc['machine']}. Total run "
-        f"{timings['total_s'] / 60:.0f} min (load, three fits, validation of six models at every start index).",
+        f"{timings['total_s'] / 60:.0f} min (load, three fits and their validation at every start index, three ablation fits, three "
+        "cross-validation fits).",
         "* The paper's figures (last two rows) are from its own held-out flight, not these: a reference, "
         "not a comparison. The re-implemented physics baseline is the comparison.",
         "",
