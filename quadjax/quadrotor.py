@@ -114,9 +114,9 @@ def air_velocity_body_c(params: QuadParams, attitude, velocity):
     return quat_rotate_inverse_c(attitude, tuple(v - w for v, w in zip(velocity, params.wind)))
 
 
-def aero_drag_force_c(params: QuadParams, attitude, velocity):
-    """F_d = −D_lin ⊙ v_b − D_quad ⊙ v_b ⊙ |v_b| on components (params split)."""
-    v_b = air_velocity_body_c(params, attitude, velocity)
+def aero_drag_force_c(params: QuadParams, v_b):
+    """F_d = −D_lin ⊙ v_b − D_quad ⊙ v_b ⊙ |v_b| on components (params split), v_b the air-relative
+    body velocity (:func:`air_velocity_body_c`)."""
     return tuple(
         -dl * v - dq * v * jnp.abs(v) for dl, dq, v in zip(params.drag_linear, params.drag_quadratic, v_b)
     )
@@ -237,8 +237,7 @@ def body_wrench_c(params: QuadParams, position, attitude, velocity, body_rates, 
     thrusts = thrusts_c(params, rotor_speeds, energy, hub_axial_velocities_c(params, v_b, body_rates),
                         position[2] - params.ground_z)
     h_force, h_moment = rotor_drag_c(params, v_b, rotor_speeds)
-    force = tuple(a + b + c for a, b, c in zip(thrust_force_c(thrusts), aero_drag_force_c(params, attitude, velocity),
-                                               h_force))
+    force = tuple(a + b + c for a, b, c in zip(thrust_force_c(thrusts), aero_drag_force_c(params, v_b), h_force))
     moment = tuple(
         a + b + c + d + e + f
         for a, b, c, d, e, f in zip(

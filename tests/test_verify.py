@@ -92,9 +92,9 @@ def _never_frozen(error, report, enabled):
 
 
 def _wind_sign_flipped(params, attitude, velocity):
-    """Drag on v + w instead of the air-relative v − w."""
+    """The airspeed (and with it the drag) on v + w instead of the air-relative v − w."""
     flipped = params.replace(wind=tuple(-w for w in params.wind))
-    return ORIGINAL["aero_drag_force_c"](flipped, attitude, velocity)
+    return ORIGINAL["air_velocity_body_c"](flipped, attitude, velocity)
 
 
 def _rotor_order_swapped(params, thrusts):
@@ -114,7 +114,7 @@ def _commands_one_sample_late(*args, **kwargs):
 ORIGINAL = {
     "gyroscopic_moment_c": quadjax.quadrotor.gyroscopic_moment_c,
     "state_violation": quadjax.monitor.state_violation,
-    "aero_drag_force_c": quadjax.quadrotor.aero_drag_force_c,
+    "air_velocity_body_c": quadjax.quadrotor.air_velocity_body_c,
     "rotor_moment_c": quadjax.quadrotor.rotor_moment_c,
     "simulate_log": quadjax.sysid.simulate_log,
 }
@@ -136,7 +136,7 @@ DEFECTS = {
     "mixer priority swap": (S.MIXER_SWEEP, "reports_match", quadjax.mixer, "_mix_pairs", _yaw_before_collective),
     "anti-windup ignores the report": (S.SATURATION, "integrator_ratio", quadjax.control.pid, "_frozen",
                                        _never_frozen),
-    "wind sign": (S.GUSTS, "push_over_excursion", quadjax.quadrotor, "aero_drag_force_c", _wind_sign_flipped),
+    "wind sign": (S.GUSTS, "push_over_excursion", quadjax.quadrotor, "air_velocity_body_c", _wind_sign_flipped),
     "rotor order": (S.FIGURE8, "rms_error_m", quadjax.quadrotor, "rotor_moment_c", _rotor_order_swapped),
     "c4dynamics: rotor gyroscopic sign": (S.C4DYNAMICS, "derivative_max_rel_error", quadjax.quadrotor,
                                           "gyroscopic_moment_c", _flipped_rotor_gyroscopic),

@@ -128,7 +128,6 @@ def run(theta0, spec, windows, dt, n_data, adam_lr, gtol, ftol, adam_steps, lbfg
         f, g, S = _objective_stats(theta, spec, windows, dt, n_data, weights, mode, substeps)
         finite = jnp.isfinite(f) & jnp.all(jnp.isfinite(g))
         # an iterate outside the valid set (inertia breaking the triangle inequality, say) may
-        # lower f, but is never what a fit returns
         # lower f, but is never what a fit returns (a zero-step run, the statistics at a given θ, takes θ)
         valid = params_valid(spec.unpack(theta)[0]) | (total == 0)
         better = finite & valid & (f < f_best)
