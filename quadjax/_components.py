@@ -12,6 +12,9 @@ form's slices, small stacks and size-3/4 reductions inside the step cost ~10–2
 arithmetic (GUIDE §3; measured in benchmarks/RESULTS.md).
 """
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from quadjax.params import QuadParams
@@ -114,3 +117,36 @@ def join_state(state: QuadState) -> QuadState:
         energy=jnp.asarray(state.energy),
         on_ground=jnp.asarray(state.on_ground),
     )
+
+
+def gated(on, term, off, *args):
+    """``term(*args)`` where ``on``, else ``off``: a number every element of the result takes, or a
+    function of ``args`` that returns some of them unchanged (an effect whose coefficient sits at
+    its off value; ``on`` a bool of the vehicles' shape).
+
+    The values are term's (where off it gives ``off``: its coefficient multiplies it) and so is
+    every derivative: the jvp is term's own, so d/dk at k = 0 stays right where the effect is off.
+    What it changes is the cost. For one vehicle it is a ``lax.cond``, which the native kernel
+    (generated per vehicle) turns into a branch that runs term only for a block of vehicles of
+    which one has it on: an effect off costs a test, not its arithmetic. On batched arrays it is
+    a select of both, as XLA would make of a cond under vmap.
+    """
+    return _gate(term, off, on, *args)
+
+
+def _off_values(off, term, args):
+    if callable(off):
+        return off(*args)
+    return jax.tree_util.tree_map(lambda s: jnp.full(s.shape, off, s.dtype), jax.eval_shape(term, *args))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _gate(term, off, on, *args):
+    if jnp.ndim(on):
+        return jax.tree_util.tree_map(lambda x, y: jnp.where(on, x, y), term(*args), _off_values(off, term, args))
+    return jax.lax.cond(on, lambda a: term(*a), lambda a: _off_values(off, term, a), args)
+
+
+@_gate.defjvp
+def _gate_jvp(term, off, primals, tangents):
+    return jax.jvp(term, primals[1:], tangents[1:])

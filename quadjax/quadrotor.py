@@ -10,7 +10,7 @@ The array forms split, call them and join.
 
 import jax.numpy as jnp
 
-from quadjax._components import join, split, split_params, total
+from quadjax._components import gated, join, split, split_params, total
 from quadjax.params import QuadParams
 from quadjax.quaternion import quat_rotate_inverse_c
 
@@ -61,9 +61,15 @@ def lagged_rotor_speeds_c(params: QuadParams, rotor_speeds, command, decay):
     unstable past h = 2.79 τ (and Euler past 2 τ), exact is stable and exact at every h."""
     lag = has_motor_lag(params)
     up, down = decay
-    return tuple(jnp.where(lag, u + (w - u) * jnp.where(d, down, up), w)
-                 for w, u, d in zip(rotor_speeds, clamp_command_c(params, command),
-                                    _spin_down_c(params, rotor_speeds, command)))
+    decays = gated(params.motor_tau_down_ratio != 1, _decay_per_rotor, lambda p, w, c, up, down: (up,) * len(w),
+                   params, rotor_speeds, command, up, down)
+    return tuple(jnp.where(lag, u + (w - u) * e, w)
+                 for w, u, e in zip(rotor_speeds, clamp_command_c(params, command), decays))
+
+
+def _decay_per_rotor(params: QuadParams, rotor_speeds, command, up, down):
+    """e^(−h/τᵢ) of each rotor: spin-down's where it slows toward its command."""
+    return tuple(jnp.where(d, down, up) for d in _spin_down_c(params, rotor_speeds, command))
 
 
 def effective_rotor_speeds_c(params: QuadParams, rotor_speeds, command):
@@ -145,19 +151,34 @@ def ground_effect(params: QuadParams, height):
 
     Envelope: the method of images for one rotor. Below z = ρ/2 it is held at its value there
     (4/3), where the formula leaves its range; from z = 3 ρ up the gain is under 1 %."""
-    rho = params.rotor_radius
-    on = rho > 0
+    return gated(params.rotor_radius > 0, _ground_gain, 1.0, params.rotor_radius, height)
+
+
+def _ground_gain(rho, height):
     z = jnp.maximum(height, 0.5 * rho)
-    ratio = jnp.where(on, rho / (4.0 * jnp.where(on, z, 1.0)), 0.0)  # a safe divisor where ρ = 0
+    ratio = rho / (4.0 * jnp.where(rho > 0, z, 1.0))  # a safe divisor where ρ = 0 (a gradient there)
     return 1.0 / (1.0 - ratio * ratio)
 
 
-def thrusts_c(params: QuadParams, rotor_speeds, energy, axial, height):
+def thrusts_c(params: QuadParams, rotor_speeds, energy, v_b, body_rates, height):
     """Tᵢ = g(z) (s k_f ωᵢ² + ΔTᵢ): :func:`rotor_thrusts_c` with the inflow
-    (:func:`inflow_thrust_change_c`) and ground effect (:func:`ground_effect`) [N]."""
-    g = ground_effect(params, height)
-    return tuple(g * (t + dt) for t, dt in zip(rotor_thrusts_c(params, rotor_speeds, energy),
-                                              inflow_thrust_change_c(params, rotor_speeds, axial)))
+    (:func:`inflow_thrust_change_c` at :func:`hub_axial_velocities_c`) and ground effect
+    (:func:`ground_effect`) [N]; v_b the air-relative body velocity. The two effects are
+    :func:`quadjax._components.gated` together: computed only where one is on."""
+    thrusts = rotor_thrusts_c(params, rotor_speeds, energy)
+    on = (params.k_inflow != 0) | (params.rotor_radius > 0)
+    return gated(on, _with_thrust_effects, _kept, params, thrusts, rotor_speeds, v_b, body_rates, height)
+
+
+def _kept(params, values, *rest):
+    """The effects' off branch: ``values`` as they are."""
+    return values
+
+
+def _with_thrust_effects(params: QuadParams, thrusts, rotor_speeds, v_b, body_rates, height):
+    g = _ground_gain(params.rotor_radius, height)
+    change = inflow_thrust_change_c(params, rotor_speeds, hub_axial_velocities_c(params, v_b, body_rates))
+    return tuple(g * (t + d) for t, d in zip(thrusts, change))
 
 
 def thrust_force_c(thrusts):
@@ -232,23 +253,26 @@ def rotor_reaction_moment_c(params: QuadParams, rotor_accelerations):
 
 def body_wrench_c(params: QuadParams, position, attitude, velocity, body_rates, rotor_speeds, energy,
                   rotor_accelerations):
-    """Body-frame force and moment on components (params split)."""
+    """Body-frame force and moment on components (params split). The small-vehicle effects are
+    :func:`quadjax._components.gated` by their coefficients: computed only where on."""
     v_b = air_velocity_body_c(params, attitude, velocity)
-    thrusts = thrusts_c(params, rotor_speeds, energy, hub_axial_velocities_c(params, v_b, body_rates),
-                        position[2] - params.ground_z)
-    h_force, h_moment = rotor_drag_c(params, v_b, rotor_speeds)
-    force = tuple(a + b + c for a, b, c in zip(thrust_force_c(thrusts), aero_drag_force_c(params, v_b), h_force))
-    moment = tuple(
-        a + b + c + d + e + f
-        for a, b, c, d, e, f in zip(
-            rotor_moment_c(params, thrusts),
-            rotational_drag_moment_c(params, body_rates),
-            gyroscopic_moment_c(params, rotor_speeds, body_rates),
-            rotor_reaction_moment_c(params, rotor_accelerations),
-            h_moment,
-            blade_flapping_moment_c(params, v_b, rotor_speeds),
-        )
-    )
+    thrusts = thrusts_c(params, rotor_speeds, energy, v_b, body_rates, position[2] - params.ground_z)
+    force = tuple(a + b for a, b in zip(thrust_force_c(thrusts), aero_drag_force_c(params, v_b)))
+    moment = tuple(a + b + c for a, b, c in zip(rotor_moment_c(params, thrusts),
+                                                rotational_drag_moment_c(params, body_rates),
+                                                gyroscopic_moment_c(params, rotor_speeds, body_rates)))
+    on = (params.rotor_reaction_inertia != 0) | (params.rotor_drag != 0) | (params.blade_flapping != 0)
+    return gated(on, _plus_rotor_effects, _kept, params, (force, moment), v_b, rotor_speeds, rotor_accelerations)
+
+
+def _plus_rotor_effects(params: QuadParams, wrench, v_b, rotor_speeds, rotor_accelerations):
+    """The wrench with the reaction torque, the H-force and its moment, and the blade flapping moment
+    (in this order; each is 0 where its coefficient is)."""
+    (force, moment), (h_force, h_moment) = wrench, rotor_drag_c(params, v_b, rotor_speeds)
+    reaction = rotor_reaction_moment_c(params, rotor_accelerations)
+    flapping = blade_flapping_moment_c(params, v_b, rotor_speeds)
+    force = tuple(f + h for f, h in zip(force, h_force))
+    moment = tuple(m + r + h + b for m, r, h, b in zip(moment, reaction, h_moment, flapping))
     return force, moment
 
 

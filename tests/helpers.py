@@ -115,8 +115,13 @@ def below_ground_edit(vehicle, tick, dz=-0.02):
 
 def varied_fleet(R, n, dtype, seed):
     """n vehicles with every QuadParams leaf drawn per vehicle (valid ranges), airborne or
-    grounded states, commands around hover, dt per vehicle."""
+    grounded states, commands around hover, dt per vehicle. The small-vehicle effects are off in
+    every third vehicle and each is off in about a third of the others, so that a block of lanes
+    mixes vehicles with an effect on and off (the kernel computes an effect for a block with one)."""
     rng = np.random.default_rng(seed)
+    off_rng = np.random.default_rng(seed + 7919)  # apart, so that the other draws stay as they were
+    effects_off = {"motor_tau_down_ratio": 1.0, "rotor_reaction_inertia": 0.0, "rotor_drag": 0.0,
+                   "blade_flapping": 0.0, "k_inflow": 0.0, "rotor_radius": 0.0}
     vehicles = []
     for i in range(n):
         mass = rng.uniform(0.03, 3.0)
@@ -144,6 +149,8 @@ def varied_fleet(R, n, dtype, seed):
             blade_flapping=rng.uniform(0, 0.2) * mass * arm.mean() / R / omega_max,
             k_inflow=rng.uniform(0, 0.05) * 2.5 * mass * 9.81 / R / omega_max, rotor_radius=rng.uniform(0, 0.8) * arm.mean(),
             dtype=dtype)
+        off = [f for f in effects_off if i % 3 == 2 or off_rng.uniform() < 0.3]
+        p = p.replace(**{f: jnp.full_like(getattr(p, f), effects_off[f]) for f in off})
         hover = np.sqrt(float(p.mass) * float(p.gravity) / R / float(p.k_f))  # the mean hover speed (an
         # uneven layout's per-rotor trim may need negative thrust, and hover_rotor_speed is NaN there)
         q = rng.normal(size=4)

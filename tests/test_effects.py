@@ -175,7 +175,7 @@ def test_ground_effect_lets_a_grounded_vehicle_lift_off_sooner():
 
 _NEUTRAL = {  # each effect's function replaced by what it gives when its parameter is off
     "inflow_thrust_change_c": lambda params, rotor_speeds, axial: tuple(0.0 * w for w in rotor_speeds),
-    "ground_effect": lambda params, height: 1.0,
+    "_ground_gain": lambda rho, height: 1.0,
     "rotor_drag_c": lambda params, v_b, rotor_speeds: ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)),
     "rotor_reaction_moment_c": lambda params, acc: (0.0, 0.0, 0.0),
     "blade_flapping_moment_c": lambda params, v_b, rotor_speeds: (0.0, 0.0, 0.0),
@@ -185,8 +185,9 @@ _NEUTRAL = {  # each effect's function replaced by what it gives when its parame
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_preset_has_every_effect_off_and_off_is_bit_identical_to_without(dtype, monkeypatch):
     """The presets keep each effect at its off value, and the model at the off values equals, bit
-    for bit, the model with each effect's function cut out (and the symmetric lag with the
-    spin-down branch cut out): switching an effect off is exact, so every preset is unchanged."""
+    for bit, the model with every effect computed (no gate: what the derivatives run) and the model
+    with each effect's function cut out (and the symmetric lag with the spin-down branch cut out):
+    switching an effect off is exact, so every preset is unchanged."""
     rng = np.random.default_rng(3)
     cases = []
     for name in ("rp1", "crazyflie21", "crazyflie21_brushless", "iris", "c4dynamics_reference", "cmu_plus"):
@@ -203,14 +204,16 @@ def test_every_preset_has_every_effect_off_and_off_is_bit_identical_to_without(d
     def run():
         return [(qj.derivative(p, s, u), rk4_step_xla(p, s, u, jnp.asarray(0.004, dtype))) for p, s, u in cases]
 
-    with_effects = run()
+    gated = run()
+    monkeypatch.setattr(quad, "gated", lambda on, term, off_value, *args: term(*args))
+    computed = run()
     for name, neutral in _NEUTRAL.items():
         monkeypatch.setattr(quad, name, neutral)
-    monkeypatch.setattr(quadjax.integrators, "ground_effect", _NEUTRAL["ground_effect"])
     monkeypatch.setattr(quad, "_spin_down_c", lambda params, rotor_speeds, command: (False,) * len(rotor_speeds))
     without = run()
-    for a, b in zip(jax.tree_util.tree_leaves(with_effects), jax.tree_util.tree_leaves(without)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b, c in zip(*(jax.tree_util.tree_leaves(x) for x in (gated, computed, without))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(c))
 
 
 def test_the_effects_are_checked_at_the_boundary():

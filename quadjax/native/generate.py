@@ -91,6 +91,10 @@ class _Emitter:
         self.count = 0
         self.seen: dict = {}
 
+    def mark(self) -> tuple:
+        """Where the emitted code stands: equal marks, nothing emitted between them."""
+        return len(self.lines), self.count
+
     def local(self, deps, ctype: str, expr: str) -> _Sym:
         """The local holding ``expr`` (``deps``: its operands), emitted on first use."""
         if (ctype, expr) not in self.seen:
@@ -184,6 +188,46 @@ class _VectorEmitter(_Emitter):
         self.lines.append(f"  const {ctype} {name} = {expr};")
         return _Sym(name)
 
+    # ---- a branch taken per block: the code of a cond's second branch runs only where a lane of the
+    # block takes it; every lane still gets the select of both branches, so the values are the
+    # cond's (and XLA's) in every lane, and a lane's result never depends on its neighbours'
+    branches = True
+
+    def mark(self) -> tuple:
+        return len(self.lines), len(self.prologue), self.count
+
+    def open_branch(self) -> None:
+        """Emit what follows into a branch (closed by :meth:`close_branch`)."""
+        self._open = getattr(self, "_open", [])
+        self._open.append((self.lines, dict(self.seen)))
+        self.lines = []
+
+    def close_branch(self, pred, outs, skipped) -> list:
+        """``if (any lane of pred) {the branch; b = outs} else {b = skipped}``: the results as
+        locals declared before the branch. Locals of the branch are forgotten after it (value
+        numbering must not reuse them outside); hoisted ones stay (the prologue always runs)."""
+        inner = self.lines
+        self.lines, seen = self._open.pop()
+        taken, other, results = [], [], []
+        for (x, d), (x0, _) in zip(outs, skipped):
+            ctype = self.ctype(d)
+            names = np.empty(x.shape, object)
+            for idx in np.ndindex(x.shape):
+                name = _Sym(f"v{self.count}")
+                self.count += 1
+                self.lines.append(f"  {ctype} {name};")
+                taken.append(f"  {name} = {self.expr(x[idx], d)};")
+                other.append(f"  {name} = {self.expr(x0[idx], d)};")
+                names[idx] = name
+            results.append((names, d))
+        self.lines.append(f"  if (qj_any({pred})) {{")
+        self.lines += ["  " + line for line in inner + taken]
+        self.lines.append("  } else {")
+        self.lines += ["  " + line for line in other]
+        self.lines.append("  }")
+        self.seen = {k: v for k, v in self.seen.items() if k in seen or v in self.invariant}
+        return results
+
     # Integers (a controller's tick counter, a mode) live in the float lanes as whole numbers:
     # +, −, ×, comparisons, min/max, select and remainder are exact there while |i| < 2^24
     # (float32) or 2^53 (float64); a quotient is truncated, a conversion to an integer
@@ -254,6 +298,10 @@ VECTOR_PRELUDE = """#include <cmath>
 template <class V> inline V qj_vmax(V a, V b) { return ((a != a) | (a > b)) ? a : b; }
 template <class V> inline V qj_vmin(V a, V b) { return ((a != a) | (a < b)) ? a : b; }
 template <class V, class M> inline V qj_vfloat(M m) { return m ? (V{} + 1) : V{}; }
+template <class M> inline bool qj_any(M m) {  // some lane of the mask is set
+  for (unsigned l = 0; l < sizeof(M) / sizeof(m[0]); ++l) if (m[l]) return true;
+  return false;
+}
 #define QJ_LANEWISE(NAME, EXPR)                                                    \
   template <class V> inline V NAME(V a) {                                          \
     V r;                                                                           \
@@ -668,7 +716,9 @@ class _Generator:
 
     def p_cond(self, eqn, ins, avals):
         """``lax.cond`` / ``switch``: the branch itself when the index is known; otherwise every
-        branch (they are pure) and a select per element of the results."""
+        branch (they are pure) and a select per element of the results. Where the first branch
+        computes nothing (constants, operands: an effect switched off) and the emitter can branch,
+        the second runs only for a block with a lane that takes it (:meth:`_VectorEmitter.close_branch`)."""
         (index, idtype), operands = ins[0], ins[1:]
         branches = eqn.params["branches"]
         index = index[()] if isinstance(index, np.ndarray) else index
@@ -678,14 +728,19 @@ class _Generator:
         if len(branches) != 2:
             raise UnsupportedPrimitive("quadjax.native.generate: lax.switch over more than two branches at run time")
         pred = self.scalar("ne", {}, [index, _const(0, idtype)], [idtype, idtype], np.dtype(np.bool_))
-        results = [self.run(b.jaxpr, b.consts, operands) for b in branches]
+        before = self.out.mark()
+        skipped = self.run(branches[0].jaxpr, branches[0].consts, operands)
+        gate = getattr(self.out, "branches", False) and self.out.mark() == before
+        if gate:
+            self.out.open_branch()
+        taken = self.run(branches[1].jaxpr, branches[1].consts, operands)
         outs = []
-        for (x0, d), (x1, _) in zip(*results):
+        for (x0, d), (x1, _) in zip(skipped, taken):
             out = np.empty(x0.shape, object)
             for idx in np.ndindex(x0.shape):
                 out[idx] = self.scalar("select_n", {}, [pred, x0[idx], x1[idx]], [np.dtype(np.bool_), d, d], d)
             outs.append((out, d))
-        return outs
+        return self.out.close_branch(pred, outs, skipped) if gate else outs
 
     def p_scan(self, eqn, ins, avals):
         p = eqn.params
