@@ -135,9 +135,12 @@ def gated(on, term, off, *args):
 
 
 def _off_values(off, term, args):
+    """The off branch's result in the term's shapes and dtypes (an operand kept may be narrower:
+    a parameter shared by a batch of states)."""
+    shapes = jax.eval_shape(term, *args)
     if callable(off):
-        return off(*args)
-    return jax.tree_util.tree_map(lambda s: jnp.full(s.shape, off, s.dtype), jax.eval_shape(term, *args))
+        return jax.tree_util.tree_map(lambda x, s: jnp.broadcast_to(x, s.shape).astype(s.dtype), off(*args), shapes)
+    return jax.tree_util.tree_map(lambda s: jnp.full(s.shape, off, s.dtype), shapes)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))

@@ -194,14 +194,19 @@ def _cases(p):
     return [airborne, grounded] + opcount.random_states(p, 4)
 
 
-def test_operation_count_is_the_same_for_every_state(p64):
+def test_operation_count_is_the_same_for_every_state(p64, monkeypatch):
     counts = [opcount.operation_count(p64, s, u, DT) for s, u in _cases(p64)]
     assert all(c == counts[0] for c in counts)
     c = counts[0]
     assert c["total"] == sum(v for k, v in c.items() if k not in ("total", "arithmetic"))
     assert 0 < c["arithmetic"] < c["total"]
-    assert "cond" not in c and "while" not in c  # ground contact is a select: both arms computed
-    assert c["select_n"] > 0
+    assert c["select_n"] > 0 and "while" not in c
+    # its only conds are the effects' gates, which the parameters decide, not the state: without
+    # them there is none (ground contact is a select: both arms computed)
+    assert c["cond"] > 0
+    monkeypatch.setattr(quadjax.quadrotor, "gated", lambda on, term, off, *args: term(*args))
+    ungated = opcount.operation_count(p64, *_cases(p64)[0], DT)
+    assert "cond" not in ungated and ungated["arithmetic"] > c["arithmetic"]
 
 
 def test_a_planted_multiply_changes_the_count(p64, monkeypatch):
@@ -222,6 +227,7 @@ def test_a_data_dependent_branch_would_show(p64, monkeypatch):
     """The equality above can fail: with ground contact behind a lax.cond whose grounded arm
     does one more operation, the airborne and grounded counts differ by it."""
     original = quadjax.integrators.ground_contact_c
+    gates = opcount.operation_count(p64, *_cases(p64)[0], DT)["cond"]  # the effects' (the test above)
 
     def branched(params, before, after):
         def grounded(b, a):
@@ -234,4 +240,4 @@ def test_a_data_dependent_branch_would_show(p64, monkeypatch):
     (air, w_air), (ground, w_ground) = _cases(p64)[:2]
     a = opcount.operation_count(p64, air, w_air, DT)
     g = opcount.operation_count(p64, ground, w_ground, DT)
-    assert g["mul"] == a["mul"] + 1 and a["cond"] == g["cond"] == 1
+    assert g["mul"] == a["mul"] + 1 and a["cond"] == g["cond"] == gates + 1

@@ -8,7 +8,8 @@ a ``scan`` counts its body once per iteration (RK4's four stages are one), and a
 only the branch its index selects, so a data-dependent branch would show as different counts
 for different states. The quadrotor's ground contact has no ``cond``: it is a select
 (``jnp.where``, primitive ``select_n``), both arms are computed, and the count is the same for
-every state of a given shape, airborne, grounded or random (tests/test_precision.py).
+every state of a given shape, airborne, grounded or random (tests/test_precision.py). Its only
+``cond``s are the small-vehicle effects' gates, whose branch the parameters choose.
 
 The step counted is :data:`quadjax.integrators.rk4_step_xla`, the model as XLA operations:
 on the CPU :func:`quadjax.rk4_step` runs the native kernel generated from it, whose own
