@@ -134,10 +134,9 @@ def gated(on, term, off, *args):
     return _gate(term, off, on, *args)
 
 
-def _off_values(off, term, args):
-    """The off branch's result in the term's shapes and dtypes (an operand kept may be narrower:
+def _off_values(off, shapes, args):
+    """The off branch's result in the term's ``shapes`` and dtypes (an operand kept may be narrower:
     a parameter shared by a batch of states)."""
-    shapes = jax.eval_shape(term, *args)
     if callable(off):
         return jax.tree_util.tree_map(lambda x, s: jnp.broadcast_to(x, s.shape).astype(s.dtype), off(*args), shapes)
     return jax.tree_util.tree_map(lambda s: jnp.full(s.shape, off, s.dtype), shapes)
@@ -146,8 +145,10 @@ def _off_values(off, term, args):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _gate(term, off, on, *args):
     if jnp.ndim(on):
-        return jax.tree_util.tree_map(lambda x, y: jnp.where(on, x, y), term(*args), _off_values(off, term, args))
-    return jax.lax.cond(on, lambda a: term(*a), lambda a: _off_values(off, term, a), args)
+        result = term(*args)
+        return jax.tree_util.tree_map(lambda x, y: jnp.where(on, x, y), result, _off_values(off, result, args))
+    shapes = jax.eval_shape(term, *args)
+    return jax.lax.cond(on, lambda a: term(*a), lambda a: _off_values(off, shapes, a), args)
 
 
 @_gate.defjvp

@@ -91,6 +91,8 @@ class _Emitter:
         self.count = 0
         self.seen: dict = {}
 
+    branches = False  # a cond's branch per block of lanes (_VectorEmitter); here both arms and a select
+
     def mark(self) -> tuple:
         """Where the emitted code stands: equal marks, nothing emitted between them."""
         return len(self.lines), self.count
@@ -172,6 +174,7 @@ class _VectorEmitter(_Emitter):
         self.prologue: list[str] = []
         self.hoisted = 0
         self.invariant = set(invariant)
+        self.open: list = []  # the enclosing code and value numbering of each open branch
 
     def emit(self, name: str, deps, ctype: str, expr: str) -> _Sym:
         if ctype not in ("V", "M"):
@@ -198,8 +201,7 @@ class _VectorEmitter(_Emitter):
 
     def open_branch(self) -> None:
         """Emit what follows into a branch (closed by :meth:`close_branch`)."""
-        self._open = getattr(self, "_open", [])
-        self._open.append((self.lines, dict(self.seen)))
+        self.open.append((self.lines, dict(self.seen)))
         self.lines = []
 
     def close_branch(self, pred, outs, skipped) -> list:
@@ -207,7 +209,7 @@ class _VectorEmitter(_Emitter):
         locals declared before the branch. Locals of the branch are forgotten after it (value
         numbering must not reuse them outside); hoisted ones stay (the prologue always runs)."""
         inner = self.lines
-        self.lines, seen = self._open.pop()
+        self.lines, seen = self.open.pop()
         taken, other, results = [], [], []
         for (x, d), (x0, _) in zip(outs, skipped):
             ctype = self.ctype(d)
@@ -730,7 +732,7 @@ class _Generator:
         pred = self.scalar("ne", {}, [index, _const(0, idtype)], [idtype, idtype], np.dtype(np.bool_))
         before = self.out.mark()
         skipped = self.run(branches[0].jaxpr, branches[0].consts, operands)
-        gate = getattr(self.out, "branches", False) and self.out.mark() == before
+        gate = self.out.branches and self.out.mark() == before
         if gate:
             self.out.open_branch()
         taken = self.run(branches[1].jaxpr, branches[1].consts, operands)

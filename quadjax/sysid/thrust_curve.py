@@ -45,7 +45,7 @@ import numpy as np
 
 from quadjax._pytree import pytree_dataclass
 from quadjax.files import write_atomic
-from quadjax.frames import rpm_to_rad_s
+from quadjax.frames import rad_s_to_rpm, rpm_to_rad_s
 from quadjax.logs import FlightLog
 from quadjax.params import QuadParams
 from quadjax.quadrotor import lag_decay, lagged_rotor_speeds_c
@@ -102,7 +102,7 @@ def kv_torque_constant(kv_rpm_per_volt: float) -> float:
     """K_t = 60 / (2π K_v) [N·m/A]: the torque constant of a motor of velocity constant K_v [rpm/V]."""
     if not kv_rpm_per_volt > 0:
         raise ValueError(f"kv = {kv_rpm_per_volt}: the motor's K_v must be > 0 [rpm/V]")
-    return 60.0 / (2.0 * np.pi * kv_rpm_per_volt)
+    return 1.0 / float(rpm_to_rad_s(kv_rpm_per_volt))  # an ideal motor: K_t = 1 / K_v in rad/s/V
 
 
 # --- thrust-stand data ------------------------------------------------------------------------
@@ -263,22 +263,22 @@ def fit_stand(data: StandData, *, kv: float | None = None, no_load_current: floa
     * torque_ratio_kv: the same line with Q = K_t (I − I₀) (:func:`kv_torque_constant` of ``kv``
       [rpm/V], I₀ = ``no_load_current`` [A]): the estimate of a stand without a torque cell.
     """
-    x, t = np.asarray(data.throttle, np.float64), np.asarray(data.thrust, np.float64)
-    v_ref = None
+    x, thrust = np.asarray(data.throttle, np.float64), np.asarray(data.thrust, np.float64)
+    t, v_ref = thrust, None
     if data.voltage is not None:
         v_ref = float(np.mean(data.voltage))
-        t = t * (v_ref / data.voltage) ** voltage_exponent
+        t = thrust * (v_ref / data.voltage) ** voltage_exponent
     coef, cov, rms = _curve_coefficients(x, t)
     curve, std = _curve_from_coefficients(coef, cov, v_ref, voltage_exponent)
     k_f = torque_ratio = torque_ratio_kv = None
     if data.rpm is not None:
         omega = np.asarray(rpm_to_rad_s(data.rpm), np.float64)
-        k_f, std["k_f"] = _through_origin(omega * omega, np.asarray(data.thrust, np.float64))
+        k_f, std["k_f"] = _through_origin(omega * omega, thrust)
     if data.torque is not None:
-        torque_ratio, std["torque_ratio"] = _through_origin(np.asarray(data.thrust, np.float64), data.torque)
+        torque_ratio, std["torque_ratio"] = _through_origin(thrust, data.torque)
     if data.current is not None and kv is not None:
         q = kv_torque_constant(kv) * (np.asarray(data.current, np.float64) - no_load_current)
-        torque_ratio_kv, std["torque_ratio_kv"] = _through_origin(np.asarray(data.thrust, np.float64), q)
+        torque_ratio_kv, std["torque_ratio_kv"] = _through_origin(thrust, q)
     elif kv is not None:
         raise ValueError("fit_stand: kv= was given but the data has no current_A column")
     return StandFit(curve, k_f, torque_ratio, torque_ratio_kv, std, rms, int(x.size))
@@ -384,19 +384,22 @@ def fit_flight_motors(logs: FlightLog | Sequence[FlightLog], params: QuadParams,
         curve = ThrustCurve(v["a"], v["max_thrust"], jnp.asarray(v_ref or 1.0), v.get("voltage_exponent", exponent))
         return p, curve
 
-    data = [jnp.asarray(a, base.k_f.dtype) for a in (x, w0, w1, volts)]
+    x_j, w0_j, w1_j, v_j = (jnp.asarray(a, base.k_f.dtype) for a in (x, w0, w1, volts))
 
     @jax.jit
     def residuals(theta):
         p, curve = unpack(theta)
-        return data[2] - _one_step(p, curve, data[0], data[1], data[3], dt)
+        return w1_j - _one_step(p, curve, x_j, w0_j, v_j, dt)
 
     jacobian = jax.jit(jax.jacfwd(residuals))
     # start: τ = 50 ms and the lag-free curve T = k_f ω_k+1²
     c, *_ = np.linalg.lstsq(np.stack([x, x * x], axis=1), float(params.k_f) * w1 * w1, rcond=None)
     a0 = float(np.clip(c[1] / (c[0] + c[1]), 0.05, 0.95))
     theta = np.array([np.log(0.05), a0, c[0] + c[1]] + [exponent] * fit_exponent + [0.0] * asymmetric)
-    valid = (lambda t: 0.0 <= t[1] <= 1.0 and t[2] > 0)  # a curve that grows from 0
+
+    def valid(t):  # a curve that grows from 0
+        return 0.0 <= t[1] <= 1.0 and t[2] > 0
+
     r = np.asarray(residuals(theta), np.float64)
     J = np.asarray(jacobian(theta), np.float64)
     cost, damping = float(r @ r), 1e-3
@@ -414,7 +417,6 @@ def fit_flight_motors(logs: FlightLog | Sequence[FlightLog], params: QuadParams,
             damping *= 10.0
     cov = np.linalg.inv(J.T @ J) * (cost / max(x.size - theta.size, 1))
     se = dict(zip(names, np.sqrt(np.diag(cov))))
-    p, _ = unpack(theta)
     v = dict(zip(names, theta))
     curve = ThrustCurve.create(float(np.clip(v["a"], 0.0, 1.0)), float(v["max_thrust"]), reference_voltage=v_ref,
                                voltage_exponent=float(v.get("voltage_exponent", exponent)))
@@ -424,8 +426,9 @@ def fit_flight_motors(logs: FlightLog | Sequence[FlightLog], params: QuadParams,
         std["voltage_exponent"] = float(se["voltage_exponent"])
     if asymmetric:
         std["motor_tau_down_ratio"] = float(np.exp(v["log_down_ratio"]) * se["log_down_ratio"])
+    ratio = np.exp(v["log_down_ratio"]) if asymmetric else params.motor_tau_down_ratio
     fitted = params.replace(motor_tau=jnp.asarray(tau, params.motor_tau.dtype),
-                            motor_tau_down_ratio=jnp.asarray(p.motor_tau_down_ratio, params.motor_tau.dtype))
+                            motor_tau_down_ratio=jnp.asarray(ratio, params.motor_tau.dtype))
     return FlightMotorFit(curve, fitted, std, float(np.sqrt(cost / x.size)), int(x.size))
 
 
@@ -439,8 +442,7 @@ def synthetic_stand(curve: ThrustCurve, *, k_f: float, torque_ratio: float, kv: 
     x = np.linspace(0.0, 1.0, points)
     thrust = np.asarray(throttle_thrust(curve, x, voltage))
     torque = torque_ratio * thrust
-    omega = np.sqrt(thrust / k_f)
-    rpm = omega * 60.0 / (2.0 * np.pi)
+    rpm = np.asarray(rad_s_to_rpm(np.sqrt(thrust / k_f)), np.float64)
     current = torque / kv_torque_constant(kv) + no_load_current
 
     def measured(v):
