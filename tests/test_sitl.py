@@ -220,46 +220,60 @@ def test_sticks_roll_pitch_and_yaw_the_vehicle_the_way_a_pilot_expects(built, tm
 
 @pytest.mark.slow
 def test_rate_step_response_and_a_flight_repeats(built, tmp_path):
-    """Rate (acro) mode, airborne: a roll stick step of 0.2. The FC's rate loop drives the
-    vehicle's roll rate to its setpoint: rise time (10–90 %) and overshoot are measured (and
-    printed; rp1 on Betaflight 4.6's default PIDs: 49–56 ms and 35–39 % here) and bounded: rise < 150 ms,
-    overshoot < 60 %.
+    """Rate (acro) mode, airborne: a roll stick step of 0.2, held 0.6 s. The FC's rate loop drives
+    the vehicle's roll rate to the setpoint of Betaflight's default rates (:func:`_actual_rate`:
+    38 deg/s at 0.2); the settled rate must be it. Rise time (10–90 %) and overshoot are measured
+    (and printed; rp1 on Betaflight 4.6's default PIDs: 49–56 ms and 35–39 % idle) and bounded:
+    rise < 150 ms, overshoot < 60 %.
     The same script flown twice gives the same flight to within the FC's task phases (below)."""
     p = qj.presets.rp1()
     up = 1.02 * sitl.hover_throttle(p)
+    stick = 0.2
     steps = [(0.0, {}), (0.2, {"arm": True}), (0.4, {"throttle": up}), (1.2, {"angle": False}),
-             (1.3, {"roll": 0.2}), (1.6, {"roll": 0.0})]
-    f = _fly(p, steps, 1.7, tmp_path / "a")
-    final, rise, overshoot = _rate_step(f)
-    assert final > 0.5, f"a right-roll rate (FLU p > 0): {final:.2f} rad/s"
-    print(f"\nrate step, roll stick 0.2: final {np.degrees(final):.0f} deg/s, rise (10-90 %) {1e3 * rise:.1f} ms, "
-          f"overshoot {100 * overshoot:.1f} %")
-    assert 0.0 < rise < 0.15 and overshoot < 0.6, (rise, overshoot)
-    again = _fly(p, steps, 1.7, tmp_path / "b")
+             (1.3, {"roll": stick}), (1.9, {"roll": 0.0})]
+    setpoint = np.radians(_actual_rate(stick))
+    flights = [_fly(p, steps, 2.0, tmp_path / "a"), _fly(p, steps, 2.0, tmp_path / "b")]
+    figures = [_rate_step(f) for f in flights]
+    for (final, rise, overshoot), name in zip(figures, ("rate step, roll stick 0.2", "the same script again")):
+        print(f"\n{name}: settled {np.degrees(final):.1f} deg/s (setpoint {np.degrees(setpoint):.1f}), "
+              f"rise (10-90 %) {1e3 * rise:.1f} ms, overshoot {100 * overshoot:.1f} %")
+        assert final > 0.5 * setpoint, f"a right-roll rate (FLU p > 0): {final:.2f} rad/s"
+        assert abs(final / setpoint - 1) < 0.1, (np.degrees(final), np.degrees(setpoint))
+        assert 0.0 < rise < 0.15 and overshoot < 0.6, (rise, overshoot)
     # The physics, the FC's PID and its RC input all run in lockstep (the patched RC thread stages
     # each packet and the state packet of the same timestamp hands it over), but the FC's clock
     # is offset from the packets' by its boot time, and a packet the FC does not answer within 2 ms
     # (a busy host) is re-sent a few µs later on its clock: its slower tasks (RX, arming checks)
-    # then sit at another phase of the step grid. Idle or with 3 busy loops on 2 cores: a switch
-    # seen 1 step apart, positions within 1.3 mm; under CI's load 9 steps and 17 cm after the roll.
+    # then sit at another phase of the step grid. Idle or with 4 busy loops on 2 cores: a switch
+    # seen 1 step apart, positions within 1.3 mm, the step's figures equal to 0.1 ms and 0.1 %.
+    # Under CI's load the transient is not repeatable: 9 steps and 17 cm after the roll in one run,
+    # and in another the same script gave rise 75 and 56 ms, overshoot 8 and 39 % (the FC's RX task
+    # and its RC smoothing see RC frames when its RC thread runs); the settled rate, the setpoint's,
+    # is what must repeat.
     # the first armed output at or after the arm switch (t = 0.2 s): one CI run saw a stray non-zero
     # output packet 425 steps before it while the two flights agreed to 0.68 mm
-    first = [int(np.argmax(np.any(x.outputs > 0, axis=1) & (x.t >= 0.2))) for x in (f, again)]
+    f, again = flights
+    first = [int(np.argmax(np.any(x.outputs > 0, axis=1) & (x.t >= 0.2))) for x in flights]
     dp = np.abs(np.asarray(again.states.position) - np.asarray(f.states.position)).max()
-    final2, rise2, overshoot2 = _rate_step(again)
-    print(f"two runs of one script: arm seen {abs(first[1] - first[0])} steps apart, positions within "
-          f"{1e3 * dp:.2f} mm; rate step final {np.degrees(final2):.0f} deg/s, rise {1e3 * rise2:.1f} ms, "
-          f"overshoot {100 * overshoot2:.1f} %")
-    # before the RC hand-over, CI's load put the rise times at 54 and 19 ms; since, 55 and 62 ms
+    print(f"two runs of one script: arm seen {abs(first[1] - first[0])} steps apart, positions within {1e3 * dp:.2f} mm")
     assert abs(first[1] - first[0]) <= 40 and dp < 0.5
-    assert abs(final2 / final - 1) < 0.25 and abs(rise2 - rise) < 0.02 and abs(overshoot2 - overshoot) < 0.2
+    assert abs(figures[1][0] / figures[0][0] - 1) < 0.05
 
 
-def _rate_step(flight, start=1.3, end=1.6):
-    """(final roll rate [rad/s], 10–90 % rise time [s], overshoot) of the step at ``start``."""
+def _actual_rate(stick: float, center: float = 70.0, max_rate: float = 670.0, expo: float = 0.0) -> float:
+    """Betaflight's "actual" rates [deg/s] (its default rates type; 4.6's defaults: centre
+    sensitivity 70 deg/s, max rate 670 deg/s, expo 0): x·c + (max − c)·|x|·(x⁵·e + x·(1 − e)),
+    ``applyActualRates`` in the firmware's ``rc.c``."""
+    x = stick
+    return x * center + max(0.0, max_rate - center) * abs(x) * (x ** 5 * expo + x * (1 - expo))
+
+
+def _rate_step(flight, start=1.3, end=1.9, settled=0.3):
+    """(settled roll rate [rad/s]: the mean from ``settled`` s after the step to its end, 10–90 %
+    rise time [s], overshoot) of the step at ``start``."""
     t, rate = flight.t, np.asarray(flight.states.body_rates[:, 0])
     inside = (t >= start) & (t < end)
     ts, r = t[inside] - start, rate[inside]
-    final = r[ts > 0.2].mean()
+    final = r[ts > settled].mean()
     rise = ts[np.argmax(r >= 0.9 * final)] - ts[np.argmax(r >= 0.1 * final)]
     return final, rise, r.max() / final - 1.0
