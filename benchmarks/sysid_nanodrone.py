@@ -142,7 +142,7 @@ def cross_table(cross) -> str:
 
 
 #: the data card's principal moments of inertia [kg m²]
-J_CARD = np.array([2.3951e-5, 2.3951e-5, 3.2347e-5])
+J_CARD = np.array([DATA_CARD[f"inertia.{a}"] for a in ("xx", "yy", "zz")])
 
 
 def _moving_average(a, k):
@@ -184,15 +184,48 @@ def torque_diagnostics(train, test):
     """How much of the angular acceleration the quasi-static rotor model can explain.
 
     Least squares of J ω̇ + ω × J ω on the four ωᵢ² and a constant, per axis, fitted on the
-    training flights: R² on the training and the held-out flights. Also the error at h = 50 of
-    predicting zero body rate (the attitude loop's mean reversion), for scale.
+    training flights: R² on the training and the held-out flights; the scan over lag, reaction
+    torque and smoothing (:func:`torque_scan`). Also the error at h = 50 of predicting zero body
+    rate (the attitude loop's mean reversion), for scale.
     """
     r2_train, r2_test = _r2(train, test)
     zero = np.mean(np.concatenate([np.linalg.norm(lg.body_rates[50:], axis=1) for lg in test]))
-    return {"r2_train": r2_train.tolist(), "r2_test": r2_test.tolist(), "zero_rate_h50": float(zero)}
+    return {"r2_train": r2_train.tolist(), "r2_test": r2_test.tolist(), "zero_rate_h50": float(zero),
+            "scan": torque_scan(train, test)}
 
 
-TORQUE_SCAN_HEAD = """# The torque channel: what the rotor speeds explain of the angular acceleration
+def torque_scan(train, test, lags=range(-2, 6), smooths=(1, 5)) -> list[dict]:
+    """What the torque channel can identify: the torque law's R² per axis (train, held out) over
+    the lag of the rotor speeds behind the body rates, with and without the rotors' reaction
+    torque (ω̇ᵢ regressors), raw and smoothed. One dict per setting."""
+    rows = []
+    for acceleration in (False, True):
+        for smooth in smooths:
+            for lag in lags:
+                tr, te = _r2(train, test, lag=lag, acceleration=acceleration, smooth=smooth)
+                rows.append({"acceleration": acceleration, "smooth": smooth, "lag": lag,
+                             "r2_train": tr.tolist(), "r2_test": te.tolist()})
+    return rows
+
+
+def scan_reading(rows) -> dict:
+    """The scan's conclusions, from its numbers: the best held-out yaw R² with the reaction
+    torque and its lag, the best without it, and the best roll or pitch R² anywhere."""
+    with_acc = max((r for r in rows if r["acceleration"]), key=lambda r: r["r2_test"][2])
+    return {"yaw": with_acc["r2_test"][2], "yaw_lag": with_acc["lag"],
+            "yaw_without": max(r["r2_test"][2] for r in rows if not r["acceleration"]),
+            "roll_pitch": max(max(r["r2_test"][:2]) for r in rows)}
+
+
+def scan_markdown(rows) -> str:
+    """TORQUE_SCAN.md: how the scan was made, what it says (from its numbers) and its table."""
+    fmt = lambda r: ", ".join(f"{v:.2f}" for v in r)  # noqa: E731
+    read = scan_reading(rows)
+    table = ["| rotor terms | smoothing | lag [samples] | R² train (x, y, z) | R² held out (x, y, z) |",
+             "|---|---:|---:|---|---|"] + [
+        f"| {'ω² + ω̇' if r['acceleration'] else 'ω²'} | {r['smooth']} | {r['lag']} | {fmt(r['r2_train'])} "
+        f"| {fmt(r['r2_test'])} |" for r in rows]
+    return f"""# The torque channel: what the rotor speeds explain of the angular acceleration
 
 Written by `python benchmarks/sysid_nanodrone.py --torque-scan` (seconds, numpy only) on the
 training flights (multisine, random2, square runs 1–4) and the held-out ones (random1 runs 1–4,
@@ -202,28 +235,14 @@ of J ω̇ + ω × J ω (data-card J, finite differences of the filtered gyro) on
 linear in them), and a constant; the rotor speeds read `lag` samples (10 ms) before the rates;
 both sides averaged over `smoothing` samples (a linear filter on both sides keeps a linear law).
 
-Read: yaw is explained by the reaction torque with the rotor speeds 1–3 samples ahead (held-out
-R² 0.65–0.72 against 0.12 for ω² alone); roll and pitch are not explained by the telemetered rotor
-speeds at any lag or smoothing (held-out R² ≤ 0.25). Whatever moves roll and pitch on these flights,
-the logged rotor speeds do not carry it; a physical model driven by them cannot predict body rates
-beyond the attitude loop's mean reversion, which the damped fit captures as an effective model.
+Read: yaw is explained by the reaction torque, best with the rotor speeds {read['yaw_lag']} samples
+ahead (held-out R² {read['yaw']:.2f}, against at most {read['yaw_without']:.2f} for ω² alone); roll and
+pitch are not explained by the telemetered rotor speeds at any lag or smoothing (held-out R² at most
+{read['roll_pitch']:.2f}). Whatever moves roll and pitch on these flights, the logged rotor speeds do not
+carry it; a physical model driven by them cannot predict body rates beyond the attitude loop's mean
+reversion, which the damped fit captures as an effective model.
 
-"""
-
-
-def torque_scan(train, test, lags=range(-2, 6), smooths=(1, 5)) -> str:
-    """What the torque channel can identify: the torque law's held-out R² per axis over the lag
-    of the rotor speeds behind the body rates, with and without the rotors' reaction torque
-    (ω̇ᵢ regressors), raw and smoothed. A markdown table."""
-    lines = ["| rotor terms | smoothing | lag [samples] | R² train (x, y, z) | R² held out (x, y, z) |",
-             "|---|---:|---:|---|---|"]
-    for acceleration in (False, True):
-        for smooth in smooths:
-            for lag in lags:
-                tr, te = _r2(train, test, lag=lag, acceleration=acceleration, smooth=smooth)
-                fmt = lambda r: ", ".join(f"{v:.2f}" for v in r)  # noqa: E731
-                lines.append(f"| {'ω² + ω̇' if acceleration else 'ω²'} | {smooth} | {lag} | {fmt(tr)} | {fmt(te)} |")
-    return "\n".join(lines) + "\n"
+""" + "\n".join(table) + "\n"
 
 
 def main(argv=None) -> int:
@@ -264,11 +283,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.torque_scan:
-        scan = torque_scan(train, test)
-        print(scan, end="")
-        (out / "torque_scan.md").write_text(scan)
+        doc = scan_markdown(torque_scan(train, test))
+        print(doc, end="")
+        (out / "torque_scan.md").write_text(doc)
         if not args.quick:
-            (ROOT / "benchmarks" / "TORQUE_SCAN.md").write_text(TORQUE_SCAN_HEAD + scan)
+            (ROOT / "benchmarks" / "TORQUE_SCAN.md").write_text(doc)
         return 0
 
     rows, timings, fits = {}, {"load_s": t_load}, {}
@@ -395,6 +414,7 @@ def report(doc, table, rows, fits, diag, timings, cross=None, ablated=None) -> s
     preset = rows["preset crazyflie21_brushless"].at(50)
     phys, base = rows[PHYSICAL].at(50), rows[BASELINE].at(50)
     r2tr, r2te = np.round(diag["r2_train"], 2), np.round(diag["r2_test"], 2)
+    read = scan_reading(diag["scan"])
     p = doc["protocol"]
     fit_lines = []
     for label, f in fits.items():
@@ -441,9 +461,9 @@ def report(doc, table, rows, fits, diag, timings, cross=None, ablated=None) -> s
         f"{r2tr[0]}/{r2tr[1]}/{r2tr[2]} (roll/pitch/yaw) of it on the training flights and "
         f"{r2te[0]}/{r2te[1]}/{r2te[2]} on the held-out ones: the eRPM telemetry does not carry the "
         "torque the body feels at 100 Hz, and what it carries does not transfer between flights "
-        "(benchmarks/TORQUE_SCAN.md: with the rotor accelerations as regressors and the rotor speeds 1–3 "
-        "samples ahead, yaw reaches held-out R² ≈ 0.7, the reaction torque; roll and pitch stay ≤ 0.25 at "
-        "every lag). Kept physical (J ≤ 4× the data card's), the fitted rigid body integrates that torque noise into "
+        f"(benchmarks/TORQUE_SCAN.md: with the rotor accelerations as regressors and the rotor speeds "
+        f"{read['yaw_lag']} samples ahead, yaw reaches held-out R² {read['yaw']:.2f}, the reaction torque; "
+        f"roll and pitch stay at most {read['roll_pitch']:.2f} at every lag). Kept physical (J ≤ 4× the data card's), the fitted rigid body integrates that torque noise into "
         "body-rate errors worse than the naive predictor; allowed to, the fit raises J to its bound and "
         "adds rotational damping — an effective model of the closed attitude loop, not of the airframe: "
         f"J_xx = {_est(fits, 'inertia.xx')}, J_yy = {_est(fits, 'inertia.yy')} kg·m² (data card 2.4e-5) and "
