@@ -24,6 +24,9 @@ Each timing is the median of ``--repeats`` calls after the first (compile) call.
 seconds: later points that would not fit are skipped and listed as skipped. ``--interpret`` runs
 every section on the CPU at toy sizes, the kernels in Pallas' interpreter: it proves the script
 end to end before device time is spent (tests/test_gpu.py runs it), and its numbers mean nothing.
+
+A point that fails (a lowering the dry run cannot see, an out-of-memory) is recorded under
+``errors`` with its message, the run goes on to the next point, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -74,10 +78,21 @@ class Bench:
         self.results = {
             "device": str(jax.devices()[0].device_kind if hasattr(jax.devices()[0], "device_kind") else jax.devices()[0]),
             "backend": jax.default_backend(), "interpret": args.interpret, "jax": jax.__version__,
-            "python": platform.python_version(), "sections": {}, "skipped": [],
+            "python": platform.python_version(), "sections": {}, "skipped": [], "errors": [],
         }
 
     # ---- helpers
+    def attempt(self, label: str, fn, *args):
+        """``fn(*args)``, or None with the error recorded under ``label``: device time is scarce, so
+        one failing point (a lowering the CPU dry run cannot see, an out-of-memory at N = 1e7) must
+        not cost the points after it. Any error makes the run's exit status 1."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 -- recorded, printed and reported in the exit status
+            traceback.print_exc()
+            self.results["errors"].append({"where": label, "error": f"{type(e).__name__}: {e}"[:2000]})
+            return None
+
     def left(self) -> float:
         return self.args.budget - (time.perf_counter() - self.t_start)
 
@@ -136,7 +151,9 @@ class Bench:
         jnp = self.jnp
         a = self.args
         rows = []
-        for dtype in ("float32", "float64"):
+        self.results["sections"]["correctness"] = {"rows": rows}
+
+        def open_row(dtype):
             n, T = (16, 8) if a.interpret else (4096, 1000)
             p, masses, s0 = self.vehicles(n, dtype)
             U = self.commands(p, T, dtype)
@@ -144,15 +161,21 @@ class Bench:
             x = self.open_loop("xla", p, s0, U)(masses)
             rows.append({"case": f"open loop {dtype}, N {n}, T {T}",
                          "max_rel": float(jnp.max(jnp.abs(k - x) / (1 + jnp.abs(x))))})
-        cl = self.closed("kernel", "float32", *((16, 5) if a.interpret else (4096, 500)))
-        xl = self.closed("xla", "float32", *((16, 5) if a.interpret else (4096, 500)))
-        kf, kfold = cl[0](cl[1])
-        xf, xfold = xl[0](xl[1])
-        rows.append({"case": f"closed loop PID float32, N {cl[2]}, T {cl[3]}: final position",
-                     "max_rel": float(jnp.max(jnp.abs(kf - xf) / (1 + jnp.abs(xf))))})
-        rows.append({"case": "closed loop PID float32: folded worst error",
-                     "max_rel": float(jnp.max(jnp.abs(kfold - xfold) / (1 + jnp.abs(xfold))))})
-        self.results["sections"]["correctness"] = {"rows": rows, "peak_bytes": peak_memory()}
+
+        def closed_rows():
+            cl = self.closed("kernel", "float32", *((16, 5) if a.interpret else (4096, 500)))
+            xl = self.closed("xla", "float32", *((16, 5) if a.interpret else (4096, 500)))
+            kf, kfold = cl[0](cl[1])
+            xf, xfold = xl[0](xl[1])
+            rows.append({"case": f"closed loop PID float32, N {cl[2]}, T {cl[3]}: final position",
+                         "max_rel": float(jnp.max(jnp.abs(kf - xf) / (1 + jnp.abs(xf))))})
+            rows.append({"case": "closed loop PID float32: folded worst error",
+                         "max_rel": float(jnp.max(jnp.abs(kfold - xfold) / (1 + jnp.abs(xfold))))})
+
+        for dtype in ("float32", "float64"):
+            self.attempt(f"correctness open loop {dtype}", open_row, dtype)
+        self.attempt("correctness closed loop", closed_rows)
+        self.results["sections"]["correctness"]["peak_bytes"] = peak_memory()
 
     def throughput(self):
         a = self.args
@@ -167,8 +190,11 @@ class Bench:
                 if self.left() < 30:
                     self.results["skipped"].append(f"throughput {backend} N={n}")
                     continue
-                first, med, _ = timed(self.open_loop(backend, p, s0, U), masses, repeats=a.repeats)
-                row[backend] = {"steps_per_s": n * T / med, "median_s": med, "compile_s": max(first - med, 0.0)}
+                got = self.attempt(f"throughput {backend} N={n}", lambda: timed(self.open_loop(backend, p, s0, U), masses,
+                                                                                 repeats=a.repeats))
+                if got is not None:
+                    first, med, _ = got
+                    row[backend] = {"steps_per_s": n * T / med, "median_s": med, "compile_s": max(first - med, 0.0)}
             rows.append(row)
             self.results["sections"]["throughput"] = {"rows": rows, "peak_bytes": peak_memory()}
             self.save()
@@ -220,8 +246,11 @@ class Bench:
             if self.left() < 60:
                 self.results["skipped"].append(f"closed loop {backend} N={n}")
                 continue
-            run, masses, _, _ = self.closed(backend, "float32", n, T)
-            first, med, _ = timed(run, masses, repeats=max(1, a.repeats - 1))
+            got = self.attempt(f"closed loop {backend} N={n}",
+                               lambda: timed(*self.closed(backend, "float32", n, T)[:2], repeats=max(1, a.repeats - 1)))
+            if got is None:
+                continue
+            first, med, _ = got
             rows.append({"path": backend, "N": n, "ticks": T, "substeps": 2, "ticks_per_s": n * T / med,
                          "median_s": med, "compile_s": max(first - med, 0.0)})
             self.results["sections"]["closed_loop"] = {"rows": rows, "peak_bytes": peak_memory()}
@@ -244,8 +273,11 @@ class Bench:
                 grad = jax.jit(jax.grad(lambda m: jnp.sum(self.open_loop("xla", p, s0, U)(m)[:, 2])))
             else:
                 grad = jax.jit(jax.grad(lambda m: jnp.sum(forward(m)[:, 2])))
-            f_first, f_med, _ = timed(forward, masses, repeats=a.repeats)
-            g_first, g_med, _ = timed(grad, masses, repeats=a.repeats)
+            got = self.attempt(f"gradient {backend}", lambda: (timed(forward, masses, repeats=a.repeats),
+                                                               timed(grad, masses, repeats=a.repeats)))
+            if got is None:
+                continue
+            (f_first, f_med, _), (g_first, g_med, _) = got
             rows.append({"path": backend, "N": n, "T": T, "forward_s": f_med, "grad_s": g_med,
                          "grad_over_forward": g_med / f_med, "grad_compile_s": max(g_first - g_med, 0.0)})
         self.results["sections"]["gradient"] = {"rows": rows, "peak_bytes": peak_memory()}
@@ -258,7 +290,8 @@ def _si(x) -> str:
 def markdown(r: dict) -> str:
     s = r["sections"]
     lines = [f"# GPU kernel vs XLA — {r['device']} ({r['backend']}{', INTERPRETED: numbers mean nothing' if r['interpret'] else ''})",
-             "", f"jax {r['jax']}, Python {r['python']}; written by `python benchmarks/gpu.py` (one run).", ""]
+             "", f"jax {r['jax']}, Python {r['python']}; written by `python benchmarks/gpu.py` "
+             f"({r.get('runs', 'one run')}).", ""]
     if "correctness" in s:
         lines += ["## Correctness on the device", "", "| case | max relative difference |", "|---|---:|"]
         lines += [f"| {row['case']} | {row['max_rel']:.2e} |" for row in s["correctness"]["rows"]] + [""]
@@ -284,6 +317,11 @@ def markdown(r: dict) -> str:
     peaks = {k: v.get("peak_bytes") for k, v in s.items()}
     lines += ["## Peak device memory after each section", "", "| section | peak bytes |", "|---|---:|"]
     lines += [f"| {k} | {_si(v)} |" for k, v in peaks.items()] + [""]
+    if r.get("notes"):
+        lines += ["## Notes", ""] + [f"- {n}" for n in r["notes"]] + [""]
+    if r.get("errors"):
+        lines += ["## Errors (the run's exit status is 1)", ""]
+        lines += [f"- {e['where']}: `{e['error'][:300]}`" for e in r["errors"]] + [""]
     if r["skipped"]:
         lines += ["Skipped for the time budget: " + ", ".join(r["skipped"]), ""]
     return "\n".join(lines)
@@ -306,11 +344,11 @@ def main(argv=None) -> int:
     bench = Bench(args)
     for section in (bench.correctness, bench.throughput, bench.closed_loop, bench.gradient):
         t0 = time.perf_counter()
-        section()
+        bench.attempt(section.__name__, section)
         bench.save()
         print(f"{section.__name__}: {time.perf_counter() - t0:.1f} s", flush=True)
     print(markdown(bench.results))
-    return 0
+    return 1 if bench.results["errors"] else 0
 
 
 if __name__ == "__main__":

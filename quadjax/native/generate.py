@@ -747,7 +747,7 @@ class _Generator:
     def p_scan(self, eqn, ins, avals):
         p = eqn.params
         closed, length = p["jaxpr"], p["length"]
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        n_consts, n_carry = scan_counts(p)
         consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
         ys = [None] * length
         # a reverse scan (the transpose of a forward one, in an adjoint) visits i = length-1 .. 0
@@ -757,6 +757,16 @@ class _Generator:
             carry, ys[i] = outs[:n_carry], outs[n_carry:]
         stacked = [(np.stack([y[k][0] for y in ys]), ys[0][k][1]) for k in range(len(avals) - n_carry)] if ys else []
         return list(carry) + stacked
+
+
+def scan_counts(params: dict) -> tuple[int, int]:
+    """(constants, carries) among a ``scan`` equation's operands. jax <= 0.10 names the counts in
+    the params; jax 0.11 gives the operands' structure instead, a flat tree of (consts, carry, xs)
+    (found on the H200 machine's jax 0.11.2, where every generated kernel failed on the key)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 def _shape(leaf) -> tuple:

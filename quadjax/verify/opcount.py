@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from quadjax.integrators import rk4_step_xla
+from quadjax.native.generate import scan_counts
 from quadjax.state import QuadState
 
 #: floating-point arithmetic: the primitives an instrumented scalar would count
@@ -67,7 +68,7 @@ def _equation(eqn, args, counts: Counter):
         return _evaluate(*_closed(params["branches"][int(args[0])]), args[1:], counts)
     if name == "scan":
         body, body_consts = _closed(params["jaxpr"])
-        nc, ncarry = params["num_consts"], params["num_carry"]
+        nc, ncarry = scan_counts(params)
         consts, carry, xs = args[:nc], list(args[nc:nc + ncarry]), args[nc + ncarry:]
         order = range(params["length"])
         ys = [None] * params["length"]
