@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py [--budget 420] [--out benchmarks]          # on a GPU machine
     python benchmarks/gpu.py --interpret [--out /tmp/gpu-dry]           # dry run on the CPU
+    python benchmarks/gpu.py --sections closed_loop,gradient --merge    # what an earlier lease missed
 
 Writes ``GPU_RESULTS.json`` and ``GPU_RESULTS.md`` in ``--out`` after every section (atomically),
 so a run cut short keeps what it measured. Sections:
@@ -283,6 +284,29 @@ class Bench:
         self.results["sections"]["gradient"] = {"rows": rows, "peak_bytes": peak_memory()}
 
 
+SECTIONS = ("correctness", "throughput", "closed_loop", "gradient")
+
+
+def merge_earlier(results: dict, path: Path, chosen: list) -> None:
+    """Carry over from an earlier run's ``path`` the sections this run does not measure, its notes
+    and its skip list, when it ran on the same device and jax (else they are not comparable, and
+    nothing is carried)."""
+    if not path.exists():
+        return
+    earlier = json.loads(path.read_text())
+    if (earlier.get("device"), earlier.get("jax"), earlier.get("interpret")) != (
+            results["device"], results["jax"], results["interpret"]):
+        print(f"--merge: {path} is from {earlier.get('device')} / jax {earlier.get('jax')}: not merged", file=sys.stderr)
+        return
+    for name, section in earlier.get("sections", {}).items():
+        if name not in chosen:
+            results["sections"][name] = section
+    results["notes"] = list(earlier.get("notes", []))
+    results["skipped"] = [x for x in earlier.get("skipped", []) if not any(x.startswith(c.replace("_", " "))
+                                                                         for c in chosen)]
+    results["runs"] = "several runs, merged: see Notes"
+
+
 def _si(x) -> str:
     return "—" if x is None else f"{x:.3g}"
 
@@ -333,7 +357,16 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; later points that would not fit are skipped")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(HERE))
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated, in this order: {','.join(SECTIONS)} (e.g. the ones a lease did not reach)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the sections of --out's GPU_RESULTS.json that this run does not measure (same device "
+                         "and jax only); each run's command is listed under Notes")
     args = ap.parse_args(argv)
+    chosen = [x for x in args.sections.split(",") if x]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        ap.error(f"--sections: unknown {unknown}; choose from {list(SECTIONS)}")
     import jax
 
     jax.config.update("jax_enable_x64", True)  # the float64 correctness row; float32 runs stay float32
@@ -342,7 +375,12 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     bench = Bench(args)
-    for section in (bench.correctness, bench.throughput, bench.closed_loop, bench.gradient):
+    if args.merge:
+        merge_earlier(bench.results, Path(args.out) / "GPU_RESULTS.json", chosen)
+    bench.results.setdefault("notes", []).append(
+        f"`python benchmarks/gpu.py --sections {','.join(chosen)} --budget {args.budget:g} --repeats {args.repeats}`"
+        f" measured: {', '.join(chosen)}.")
+    for section in (getattr(bench, name) for name in SECTIONS if name in chosen):
         t0 = time.perf_counter()
         bench.attempt(section.__name__, section)
         bench.save()

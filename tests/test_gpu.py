@@ -245,15 +245,39 @@ def test_gpu_benchmark_dry_run(tmp_path):
     assert "## Open loop" in (tmp_path / "GPU_RESULTS.md").read_text()
 
 
-def test_gpu_benchmark_records_a_failing_point_and_goes_on():
-    """Device time is scarce: a point that fails (say a lowering the dry run cannot see) is recorded
-    with its message and reported in the markdown, the next point still runs, and the exit status
-    says so."""
+def _gpu_benchmark_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gpu_bench", os.path.join(REPO, "benchmarks", "gpu.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_benchmark_merges_an_earlier_lease(tmp_path):
+    """A lease rarely fits every section: --merge keeps an earlier run's sections that this one does
+    not measure, with its notes and the skips this run does not redo, but only from the same device
+    and jax (else the ratios would mix machines)."""
+    mod = _gpu_benchmark_module()
+    earlier = {"device": "NVIDIA H200", "jax": "0.11.2", "interpret": False, "notes": ["run 1"],
+               "sections": {"correctness": {"rows": [1]}, "closed_loop": {"rows": [2]}},
+               "skipped": ["closed loop kernel N=1e6", "throughput xla N=1e7"]}
+    path = tmp_path / "GPU_RESULTS.json"
+    path.write_text(json.dumps(earlier))
+    now = {"device": "NVIDIA H200", "jax": "0.11.2", "interpret": False, "sections": {}, "skipped": []}
+    mod.merge_earlier(now, path, ["closed_loop", "gradient"])
+    assert now["sections"] == {"correctness": {"rows": [1]}} and now["notes"] == ["run 1"]
+    assert now["skipped"] == ["throughput xla N=1e7"]
+    other = {"device": "NVIDIA H100", "jax": "0.11.2", "interpret": False, "sections": {}, "skipped": []}
+    mod.merge_earlier(other, path, ["gradient"])
+    assert other["sections"] == {} and "notes" not in other
+
+
+def test_gpu_benchmark_records_a_failing_point_and_goes_on():
+    """Device time is scarce: a point that fails (say a lowering the dry run cannot see) is recorded
+    with its message and reported in the markdown, the next point still runs, and the exit status
+    says so."""
+    mod = _gpu_benchmark_module()
     bench = mod.Bench(mod.argparse.Namespace(interpret=True, budget=60.0, repeats=1, out="unused"))
 
     def broken():
