@@ -15,7 +15,9 @@ so a run cut short keeps what it measured. Sections:
    kernel) and on ``backend="xla"``, the same calls and data;
 3. **closed-loop sweep**: PID on a 1e6-vehicle sweep (per-vehicle mass), 2 RK4 substeps a tick, the
    worst position error folded in the kernel (:func:`quadjax.gpu.closed_loop`), against the
-   engine's XLA closed loop with the same fold as a ``Reduce`` hook, in vehicle-ticks/s;
+   engine's XLA closed loop with the same fold as a ``Reduce`` hook, and the engine's closed loop
+   with ``backend="native"`` ("per tick": the kernel launched once per tick inside XLA's scan, as
+   ``quadjax sweep`` runs on a GPU), in vehicle-ticks/s;
 4. **gradient cost**: ``jax.grad`` of a rollout loss (derivatives run on XLA on a GPU) against the
    kernel's forward and XLA's forward;
 5. **peak device memory** (``memory_stats``) after each section, and **compile time**: each
@@ -227,7 +229,9 @@ class Bench:
                                       interpret=self.args.interpret)
                 return out.final.position, out.fold
         else:
-            config = qj.SimConfig(backend="xla", substeps=2, save_every=0)
+            # "per tick": the engine's closed loop with backend="native", which on a GPU launches the
+            # kernel once per tick inside XLA's scan (the sweep's path there): is that worse than XLA's?
+            config = qj.SimConfig(backend="native" if backend == "per tick" else "xla", substeps=2, save_every=0)
 
             @jax.jit
             def run(masses):
@@ -241,8 +245,8 @@ class Bench:
     def closed_loop(self):
         a = self.args
         rows = []
-        plan = [("kernel", 16, 5), ("xla", 16, 5)] if a.interpret else [
-            ("kernel", 10**6, 500), ("xla", 10**5, 100), ("xla", 10**6, 50)]
+        plan = [("kernel", 16, 5), ("xla", 16, 5), ("per tick", 16, 5)] if a.interpret else [
+            ("kernel", 10**6, 500), ("xla", 10**5, 100), ("xla", 10**6, 50), ("per tick", 10**5, 100)]
         for backend, n, T in plan:
             if self.left() < 60:
                 self.results["skipped"].append(f"closed loop {backend} N={n}")
