@@ -382,7 +382,8 @@ def main(argv=None) -> int:
     if args.merge:
         merge_earlier(bench.results, Path(args.out) / "GPU_RESULTS.json", chosen)
     bench.results.setdefault("notes", []).append(
-        f"`python benchmarks/gpu.py --sections {','.join(chosen)} --budget {args.budget:g} --repeats {args.repeats}`"
+        f"`python benchmarks/gpu.py --sections {','.join(chosen)} --budget {args.budget:g} --repeats {args.repeats}"
+        f"{' --merge' if args.merge else ''}`"
         f" measured: {', '.join(chosen)}.")
     for section in (getattr(bench, name) for name in SECTIONS if name in chosen):
         t0 = time.perf_counter()

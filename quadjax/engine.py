@@ -837,15 +837,20 @@ def _raise_on_violation(traj: Trajectory):
 
 def _open_loop(params, state0, commands, dt, wind, wrench, config, on_native):
     """The whole horizon, no per-tick work: one kernel call, or the XLA scan on components."""
-    R = commands.shape[1]
     if on_native and native.on_gpu():
         return _open_loop_gpu(params, state0, commands, dt, wind, wrench, config)
     if on_native:
         # differentiable: the kernel's own tangent and adjoint (quadjax.native.rollout_p)
-        final, saved = native.rollout(params, native.pack_state(state0), commands, dt, wind, wrench,
-                                      substeps=config.substeps, save_every=config.save_every)
-        return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
+        return _open_loop_kernel(params, state0, commands, dt, wind, wrench, config)
     return _open_loop_xla(params, state0, commands, dt, wind, wrench, config)
+
+
+def _open_loop_kernel(params, state0, commands, dt, wind, wrench, config):
+    """The open loop in one kernel call (C on the CPU, Pallas on a GPU), on unpacked states."""
+    R = commands.shape[1]
+    final, saved = native.rollout(params, native.pack_state(state0), commands, dt, wind, wrench,
+                                  substeps=config.substeps, save_every=config.save_every)
+    return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
 
 
 def _open_loop_gpu(params, state0, commands, dt, wind, wrench, config):
@@ -857,20 +862,12 @@ def _open_loop_gpu(params, state0, commands, dt, wind, wrench, config):
     the XLA derivative carries all ~60 parameters per vehicle per step. On an H200, ``jax.grad``
     that way took 1.86 s against 0.55 s for ``backend="xla"`` (N = 1e4, T = 1000,
     benchmarks/GPU_RESULTS.md); here ``vmap`` batches only the leaves that vary."""
-    def kernel(params, state0, commands, dt, wind, wrench):
-        final, saved = native.rollout(params, native.pack_state(state0), commands, dt, wind, wrench,
-                                      substeps=config.substeps, save_every=config.save_every)
-        R = commands.shape[1]
-        return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
-
-    def xla(params, state0, commands, dt, wind, wrench):
-        return _open_loop_xla(params, state0, commands, dt, wind, wrench, config)
-
-    fly = jax.custom_jvp(kernel)
-    # the primal through ``fly`` again, not ``kernel``: a derivative of the rule (second order)
+    fly = jax.custom_jvp(functools.partial(_open_loop_kernel, config=config))
+    xla = functools.partial(_open_loop_xla, config=config)
+    # the primal through ``fly`` again, not the kernel: a derivative of the rule (second order)
     # then lands on this rule too, never on rollout_p's
     fly.defjvp(lambda primals, tangents: (fly(*primals), jax.jvp(xla, primals, tangents)[1]))
-    return fly(params, state0, commands, jnp.asarray(dt, commands.dtype), wind, wrench)
+    return fly(params, state0, commands, dt, wind, wrench)
 
 
 def _open_loop_xla(params, state0, commands, dt, wind, wrench, config):
