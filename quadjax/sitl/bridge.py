@@ -12,11 +12,11 @@ Each step of ``dt`` = 125 µs (the FC's gyro and PID period, :data:`~quadjax.sit
 Neither side moves without the other: the FC's clock is the simulation's, so a flight does not
 depend on the host's speed or load. The RC channels ride in lockstep too: the FC's RC thread stages
 each packet and the state packet of the same timestamp hands it to the FC (the patch), so a stick
-change reaches the PID loop at its step however late the RC thread runs. What is left: the FC's
-clock is offset from the packets' by its boot time, so its slower tasks (RX, arming checks) fall at
-another phase of the step grid each run, and so does a packet re-sent a few µs later on its clock
-when a busy host misses the answer window; two runs of one script see a switch a step apart and
-agree to 1.3 mm idle, 9 steps and 17 cm under CI's load (``tests/test_sitl.py``).
+change reaches the PID loop at its step however late the RC thread runs. The FC answers only once
+its main loop has run every task due in the step, so the next packet never moves its clock in the
+middle of a task; its gyro grid is the packets' and its clock starts at the first stamp plus whole
+seconds. Two runs of one script are the same flight bit for bit, whatever the host's load
+(``tests/test_sitl.py``).
 
 Conventions (the FC's side read from the firmware's ``src/platform/SIMULATOR/sitl.c``):
 
@@ -69,8 +69,6 @@ RC = struct.Struct("<d16H")
 #: the motor packet: 4 floats in [0, 1]
 MOTORS = struct.Struct("<4f")
 DT = 1.0 / PID_RATE_HZ
-#: how much later each re-sent state packet is stamped [s] (:meth:`Link.exchange`)
-NUDGE_S = 1e-6  # the FC counts whole µs
 #: how long the booted FC is fed the resting state before the flight [s of its clock] (:func:`warm_up`)
 WARMUP_S = 0.6
 #: how long after the script's arm switch the FC must be spinning its motors [s]
@@ -138,7 +136,7 @@ class Link:
             self.close()
             raise SitlError(f"cannot listen for the SITL's motors on udp {HOST}:{PORTS['motors']}: {err}") from None
         self.motors.setblocking(False)
-        self.t, self.shift = 0.0, 0.0
+        self.t = 0.0
         self.rc = rc_channels({})
 
     def __enter__(self):
@@ -184,27 +182,22 @@ class Link:
             while time.perf_counter() < start + n * 1e-3:
                 pass
 
-    def exchange(self, fdm: bytes, *, resend_after: float = 0.002, give_up_after: float = 5.0, alive=None):
-        """Lockstep: send ``fdm`` stamped t + DT and wait for the FC's motor packet. Without an
-        answer after ``resend_after`` s, send it again :data:`NUDGE_S` later, and keep that
-        shift for every later packet: the FC runs its gyro task when its clock comes within a
-        few µs of the task's next target (a window it adapts), and a target a few µs past the
-        packets' grid is then met by every packet, not by re-sends each step. The flight's own
-        grid (``k·DT``) does not move; the FC's clock runs a constant few µs ahead of it.
-        A SitlError after ``give_up_after`` s without an answer.
-        Returns (outputs (4,), re-sends)."""
+    def exchange(self, fdm: bytes, *, resend_after: float = 0.05, give_up_after: float = 5.0, alive=None):
+        """Lockstep: send ``fdm`` stamped t + DT and wait for the FC's motor packet, which the
+        FC sends once it has run everything due in the period (the patch). Without an answer
+        after ``resend_after`` s, send the same packet again (a datagram lost on the loopback;
+        the FC takes a copy of its last packet as no news). A SitlError after ``give_up_after`` s
+        without an answer. Returns (outputs (4,), re-sends)."""
         self.t += DT
         start, resends = time.perf_counter(), 0
         while True:
-            self.send(self.t + self.shift, fdm)
+            self.send(self.t, fdm)
             ready, _, _ = select.select([self.motors], [], [], resend_after)
             if ready:
                 got = self.drain()
                 if got:
                     return got[-1], resends
             resends += 1
-            if resends * NUDGE_S < DT:  # a period of nudges finds any target; then wait for a busy host
-                self.shift += NUDGE_S
             if alive is not None and not alive():
                 raise SitlError("the SITL process exited during the flight")
             if time.perf_counter() - start > give_up_after:

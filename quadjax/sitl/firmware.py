@@ -9,7 +9,7 @@ quadjax. Then the SITL is started once to apply :data:`SETTINGS` in its CLI and 
 that ``eeprom.bin`` (the FC's configuration) is cached beside the binary and copied into every
 flight's working folder, so each flight boots the same configuration.
 
-Why the patch (three files): the stock SITL runs its clock on the wall clock, scaled by the ratio of the last
+Why the patch (four files): the stock SITL runs its clock on the wall clock, scaled by the ratio of the last
 two packets' timestamp difference to their arrival gap. In lockstep that ratio is noise (a pair of
 packets a few µs apart makes the clock race, and the FC's RX watchdog fails safe), and the pace
 settles wherever it starts. The patch makes the FC's clock the packets' timestamps once they
@@ -17,7 +17,10 @@ flow, so the FC runs exactly as far as the simulation has, one gyro sample and o
 packet, whatever the host's load; it drops the stock 500 ms "simulator lost" branch, which
 answered a late packet with the previous motor outputs without using it; its scheduler runs
 an overdue gyro task at once instead of waiting for a grid point that a clock moving in whole
-periods steps over; and it arms without waiting for the barometer's calibration (more than 10 s
+periods steps over; the FC sends its motor packet only when its main loop has nothing left to run
+in the step, so what it runs per step does not depend on when the host's next packet lands
+(before that, two runs of one script flew 3 cm apart and a loaded host delayed a disarm by over
+50 ms); and it arms without waiting for the barometer's calibration (more than 10 s
 of the FC's clock, which angle and rate modes do not need).
 
 The SITL's ports are fixed in its source: UDP 9003 (state in), 9004 (RC in), 9002 and 9001
@@ -51,9 +54,10 @@ LOCKSTEP_FLAGS = "-DSIMULATOR_GYROPID_SYNC"
 #: the virtual gyro's rate, and the PID loop's (pid_process_denom 1): one packet, one loop
 PID_RATE_HZ = 8000
 #: file → (anchor, replacement) edits: the FC's clock from the packets, and each RC packet handed
-#: to the FC with the state packet of its timestamp, not whenever its thread runs (sitl.c); arming
-#: without waiting for the barometer's calibration (core.c); and a scheduler that runs an overdue
-#: gyro task at once (scheduler.c)
+#: to the FC with the state packet of its timestamp, not whenever its thread runs, and the motor
+#: packet held until the main loop is idle (sitl.c); arming without waiting for the barometer's
+#: calibration (core.c); a scheduler that runs an overdue gyro task at once and reports its idle
+#: passes (scheduler.c); and a main loop that pauses only on those (main.c)
 LOCKSTEP_PATCH = {
     "src/platform/SIMULATOR/sitl.c": (
         ("static bool fdm_received = false;\n",
@@ -65,7 +69,10 @@ LOCKSTEP_PATCH = {
          "/* quadjax lockstep: the RC thread stages each RC packet; the state packet of the same\n"
          "   timestamp hands it to the FC, so a stick change reaches the PID loop at its step */\n"
          "static rc_packet rcStaged;\n"
-         "static pthread_mutex_t rcLock = PTHREAD_MUTEX_INITIALIZER;\n"),
+         "static pthread_mutex_t rcLock = PTHREAD_MUTEX_INITIALIZER;\n"
+         "/* quadjax lockstep: the motor packet of this period, held until the main loop is idle */\n"
+         "static bool lockstepMotorsStaged = false;\n"
+         "static int lockstepBusyCalls = 0;\n"),
         ("    if (realtime_now > last_realtime + 500*1e3) { // 500ms timeout",
          "    if (0 && realtime_now > last_realtime + 500*1e3) { // quadjax lockstep: no 'simulator lost' branch"),
         ("    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)",
@@ -79,15 +86,23 @@ LOCKSTEP_PATCH = {
          "            if (!here) { struct timespec pause = {0, 20000}; nanosleep(&pause, NULL); }\n"
          "        }\n"
          "    }\n"
-         "    {   // quadjax lockstep: the clock moves last, once the sensors hold this packet's values;\n"
+         "    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)"),
+        ("    pthread_mutex_unlock(&mainLoopLock); // can run main loop\n#endif\n}\n",
+         "    pthread_mutex_unlock(&mainLoopLock); // can run main loop\n#endif\n"
+         "    {   // quadjax lockstep: the clock moves last, once the sensors hold this packet's values and\n"
+         "        // the locks are open: the main loop runs the PID loop as soon as the clock moves, and a\n"
+         "        // lock still shut would make it skip this period's motor packet (the bridge then waits)\n"
          "        // the time is published before the offset that switches the clock over (release/acquire)\n"
          "        const int64_t stamp = (int64_t)(pkt->timestamp * 1e9 + 0.5);  // rounded: 375 µs, not 374.999\n"
          "        static int64_t offset = -1;\n"
-         "        if (offset < 0) offset = (int64_t)nanos64_real() - stamp;\n"
+         "        // the first packet: the clock jumps to the stamp plus a whole number of seconds, one to two\n"
+         "        // past the boot's clock: every run's clock reads the same at the same stamp, and the\n"
+         "        // jump (over a period) makes the gyro task overdue, which locks its grid to the packets\n"
+         "        if (offset < 0) offset = ((int64_t)nanos64_real() - stamp) / 1000000000 * 1000000000 + 2000000000;\n"
          "        if (stamp + offset > (int64_t)lockstepNowNs) __atomic_store_n(&lockstepNowNs, (uint64_t)(stamp + offset), __ATOMIC_RELEASE);\n"
          "        __atomic_store_n(&lockstepOffsetNs, offset, __ATOMIC_RELEASE);\n"
          "    }\n"
-         "    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)"),
+         "}\n"),
         ("    return rcPkt.channels[channel];\n",
          "    pthread_mutex_lock(&rcLock);  // quadjax lockstep: the state thread may be handing over a packet\n"
          "    const float value = rcPkt.channels[channel];\n"
@@ -109,23 +124,66 @@ LOCKSTEP_PATCH = {
          "        return __atomic_load_n(&lockstepNowNs, __ATOMIC_ACQUIRE) / 1000000;\n"),
         ("    microsleep(us / simRate);",
          "    microsleep(__atomic_load_n(&lockstepOffsetNs, __ATOMIC_ACQUIRE) >= 0 ? us : us / simRate);  // quadjax lockstep"),
+        ("    // get one \"fdm_packet\" can only send one \"servo_packet\"!!\n"
+         "    if (pthread_mutex_trylock(&updateLock) != 0) return;\n"
+         "    udpSend(&pwmLink, &pwmPkt, sizeof(servo_packet));\n"
+         "//    printf(\"[pwm]%u:%u,%u,%u,%u\\n\", idlePulse, motorsPwm[0], motorsPwm[1], motorsPwm[2], motorsPwm[3]);\n"
+         "    udpSend(&pwmRawLink, &pwmRawPkt, sizeof(servo_packet_raw));\n}\n",
+         "    // get one \"fdm_packet\" can only send one \"servo_packet\"!!\n"
+         "    if (pthread_mutex_trylock(&updateLock) != 0) return;\n"
+         "    lockstepMotorsStaged = true;  // quadjax lockstep: sent by lockstepSchedulerTick\n"
+         "    lockstepBusyCalls = 0;\n}\n\n"
+         "/* quadjax lockstep: called by the scheduler after each pass (idle: it ran no task). The staged\n"
+         "   motor packet goes out once the main loop has nothing left to run in this period, so the\n"
+         "   bridge's next state packet, which moves the clock, never lands while a task runs: what the\n"
+         "   FC does per period does not depend on the host's speed or load. A task ready on every pass\n"
+         "   (none is in this build) would hold the packet for LOCKSTEP_BUSY_PASSES passes at most, and says so. */\n"
+         "#define LOCKSTEP_BUSY_PASSES 1000\n"
+         "void lockstepSchedulerTick(bool idle)\n{\n"
+         "    if (!lockstepMotorsStaged || (!idle && ++lockstepBusyCalls < LOCKSTEP_BUSY_PASSES)) return;\n"
+         "    if (!idle) printf(\"[SITL] quadjax lockstep: a motor packet sent after %d busy passes\\n\", LOCKSTEP_BUSY_PASSES);\n"
+         "    lockstepMotorsStaged = false;\n"
+         "    udpSend(&pwmLink, &pwmPkt, sizeof(servo_packet));\n"
+         "    udpSend(&pwmRawLink, &pwmRawPkt, sizeof(servo_packet_raw));\n}\n"),
     ),
     # After a gap longer than a period the stock scheduler moves the gyro task's target to the
     # first grid point *after* now and waits for it. With a clock that only moves by whole
     # periods that point is never met (the clock jumps past it and the target is moved again);
-    # run the overdue task now instead, on the last grid point, and the grid locks to the packets.
+    # run the overdue task now instead and restart the grid there: the first packet's jump (a
+    # second or more) does it once, and from then on every packet lands on a target exactly.
+    # Each scheduler pass says whether it ran a task; the first pass that runs none sends the
+    # motor packet staged by the PID loop (sitl.c), and the main loop (main.c) pauses only then.
     # Betaflight refuses to arm until its barometer is calibrated: 10 s after boot, then 100
     # readings of a low-priority task that a clock moving in whole gyro periods seldom runs (a
     # minute or more of lockstep). Angle and rate modes do not read the barometer; arm without
     # waiting for it (it still calibrates, and reads the bridge's pressure, in the background).
+    "src/main/main.c": (
+        ("        scheduler();\n#ifdef SIMULATOR_BUILD\n        delayMicroseconds_real(50); // max rate 20kHz\n",
+         "        scheduler();\n#ifdef SIMULATOR_BUILD\n"
+         "        extern bool lockstepPassIdle;  // quadjax lockstep: pause only when no task ran (scheduler.c)\n"
+         "        if (lockstepPassIdle) delayMicroseconds_real(50); // max rate 20kHz\n"),
+    ),
     "src/main/fc/core.c": (
         ("        || (sensors(SENSOR_BARO) && !baroIsCalibrated())",
          "        || (false && sensors(SENSOR_BARO) && !baroIsCalibrated())  // quadjax lockstep"),
     ),
     "src/main/scheduler/scheduler.c": (
+        ("FAST_CODE timeUs_t schedulerExecuteTask(task_t *selectedTask, timeUs_t currentTimeUs)\n{\n",
+         "void lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
+         "static bool lockstepTaskRan = false;\n"
+         "bool lockstepPassIdle = true;  // the last pass ran no task (main.c)\n\n"
+         "FAST_CODE timeUs_t schedulerExecuteTask(task_t *selectedTask, timeUs_t currentTimeUs)\n{\n"
+         "    lockstepTaskRan = true;  // quadjax lockstep\n"),
+        ("            while (schedLoopRemainingCycles > 0) {\n",
+         "            while (schedLoopRemainingCycles > 0) {\n"
+         "                lockstepSchedulerTick(true);  // quadjax lockstep: waiting for the clock is idle\n"),
+        ("    scheduleCount++;\n}",
+         "    lockstepSchedulerTick(!lockstepTaskRan);  // quadjax lockstep\n"
+         "    lockstepPassIdle = !lockstepTaskRan;\n"
+         "    lockstepTaskRan = false;\n"
+         "    scheduleCount++;\n}"),
         ("            nextTargetCycles += desiredPeriodCycles * (1 + (schedLoopRemainingCycles / -desiredPeriodCycles));",
-         "            nextTargetCycles += desiredPeriodCycles * (schedLoopRemainingCycles / -desiredPeriodCycles);"
-         "  // quadjax lockstep: run the overdue task now"),
+         "            nextTargetCycles = nowCycles;  // quadjax lockstep: run the overdue task now; its grid is the packets'"),
     ),
 }
 
@@ -349,6 +407,7 @@ class SitlProcess:
         cmd = (([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + ([stdbuf, "-oL"] if stdbuf else [])
                + [str(self.binary), HOST])
         with open(self.log_path, "ab") as out:
+            self._log_start = out.tell()  # a workdir used before: its earlier boots are not this one
             self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -360,7 +419,7 @@ class SitlProcess:
 
     def _wait_boot(self) -> None:
         deadline = time.monotonic() + self.boot_timeout
-        while self.BOOTED not in self.log_path.read_text(errors="replace"):
+        while self.BOOTED.encode() not in self.log_path.read_bytes()[self._log_start:]:
             if self.proc.poll() is not None:
                 raise SitlError(f"the SITL exited during boot (code {self.proc.returncode}):\n{self.log_tail()}")
             if time.monotonic() > deadline:
