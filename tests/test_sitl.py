@@ -8,6 +8,8 @@ time (the SITL's ports are fixed); each starts its own SITL process, stopped by 
 import contextlib
 import socket
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -249,9 +251,6 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path):
 @contextlib.contextmanager
 def _busy(n):
     """``n`` processes spinning on the CPU for the block's duration, stopped by their pids."""
-    import subprocess
-    import sys
-
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     try:
         yield

@@ -133,8 +133,9 @@ LOCKSTEP_PATCH = {
          "    if (pthread_mutex_trylock(&updateLock) != 0) return;\n"
          "    lockstepMotorsStaged = true;  // quadjax lockstep: sent by lockstepSchedulerTick\n"
          "    lockstepBusyCalls = 0;\n}\n\n"
-         "/* quadjax lockstep: called by the scheduler after each pass (idle: it ran no task). The staged\n"
-         "   motor packet goes out once the main loop has nothing left to run in this period, so the\n"
+         "/* quadjax lockstep: called after each scheduler pass (main.c; idle: it ran no task) and while\n"
+         "   the scheduler waits for the clock (idle). The staged motor packet goes out once the main\n"
+         "   loop has nothing left to run in this period, so the\n"
          "   bridge's next state packet, which moves the clock, never lands while a task runs: what the\n"
          "   FC does per period does not depend on the host's speed or load. A task ready on every pass\n"
          "   (none is in this build) would hold the packet for LOCKSTEP_BUSY_PASSES passes at most, and says so. */\n"
@@ -146,44 +147,43 @@ LOCKSTEP_PATCH = {
          "    udpSend(&pwmLink, &pwmPkt, sizeof(servo_packet));\n"
          "    udpSend(&pwmRawLink, &pwmRawPkt, sizeof(servo_packet_raw));\n}\n"),
     ),
+    # Betaflight refuses to arm until its barometer is calibrated: 10 s after boot, then 100
+    # readings of a low-priority task that a clock moving in whole gyro periods seldom runs (a
+    # minute or more of lockstep). Angle and rate modes do not read the barometer; arm without
+    # waiting for it (it still calibrates, and reads the bridge's pressure, in the background).
+    "src/main/fc/core.c": (
+        ("        || (sensors(SENSOR_BARO) && !baroIsCalibrated())",
+         "        || (false && sensors(SENSOR_BARO) && !baroIsCalibrated())  // quadjax lockstep"),
+    ),
     # After a gap longer than a period the stock scheduler moves the gyro task's target to the
     # first grid point *after* now and waits for it. With a clock that only moves by whole
     # periods that point is never met (the clock jumps past it and the target is moved again);
     # run the overdue task now instead and restart the grid there: the first packet's jump (a
     # second or more) does it once, and from then on every packet lands on a target exactly.
-    # Each scheduler pass says whether it ran a task; the first pass that runs none sends the
-    # motor packet staged by the PID loop (sitl.c), and the main loop (main.c) pauses only then.
-    # Betaflight refuses to arm until its barometer is calibrated: 10 s after boot, then 100
-    # readings of a low-priority task that a clock moving in whole gyro periods seldom runs (a
-    # minute or more of lockstep). Angle and rate modes do not read the barometer; arm without
-    # waiting for it (it still calibrates, and reads the bridge's pressure, in the background).
-    "src/main/main.c": (
-        ("        scheduler();\n#ifdef SIMULATOR_BUILD\n        delayMicroseconds_real(50); // max rate 20kHz\n",
-         "        scheduler();\n#ifdef SIMULATOR_BUILD\n"
-         "        extern bool lockstepPassIdle;  // quadjax lockstep: pause only when no task ran (scheduler.c)\n"
-         "        if (lockstepPassIdle) delayMicroseconds_real(50); // max rate 20kHz\n"),
-    ),
-    "src/main/fc/core.c": (
-        ("        || (sensors(SENSOR_BARO) && !baroIsCalibrated())",
-         "        || (false && sensors(SENSOR_BARO) && !baroIsCalibrated())  // quadjax lockstep"),
-    ),
+    # The scheduler also notes whether a pass ran a task, and waiting for the clock is idle.
     "src/main/scheduler/scheduler.c": (
         ("FAST_CODE timeUs_t schedulerExecuteTask(task_t *selectedTask, timeUs_t currentTimeUs)\n{\n",
          "void lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
-         "static bool lockstepTaskRan = false;\n"
-         "bool lockstepPassIdle = true;  // the last pass ran no task (main.c)\n\n"
+         "bool lockstepTaskRan = false;  // quadjax lockstep: this pass ran a task (main.c clears it)\n\n"
          "FAST_CODE timeUs_t schedulerExecuteTask(task_t *selectedTask, timeUs_t currentTimeUs)\n{\n"
          "    lockstepTaskRan = true;  // quadjax lockstep\n"),
         ("            while (schedLoopRemainingCycles > 0) {\n",
          "            while (schedLoopRemainingCycles > 0) {\n"
          "                lockstepSchedulerTick(true);  // quadjax lockstep: waiting for the clock is idle\n"),
-        ("    scheduleCount++;\n}",
-         "    lockstepSchedulerTick(!lockstepTaskRan);  // quadjax lockstep\n"
-         "    lockstepPassIdle = !lockstepTaskRan;\n"
-         "    lockstepTaskRan = false;\n"
-         "    scheduleCount++;\n}"),
         ("            nextTargetCycles += desiredPeriodCycles * (1 + (schedLoopRemainingCycles / -desiredPeriodCycles));",
          "            nextTargetCycles = nowCycles;  // quadjax lockstep: run the overdue task now; its grid is the packets'"),
+    ),
+    # After each scheduler pass the main loop hands the pass's idleness to the motor packet staged
+    # by the PID loop (sitl.c: the first idle pass sends it), and pauses only after an idle pass.
+    "src/main/main.c": (
+        ("        scheduler();\n#ifdef SIMULATOR_BUILD\n        delayMicroseconds_real(50); // max rate 20kHz\n",
+         "        scheduler();\n#ifdef SIMULATOR_BUILD\n"
+         "        extern bool lockstepTaskRan;  // quadjax lockstep (scheduler.c)\n"
+         "        extern void lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
+         "        const bool idle = !lockstepTaskRan;\n"
+         "        lockstepTaskRan = false;\n"
+         "        lockstepSchedulerTick(idle);\n"
+         "        if (idle) delayMicroseconds_real(50); // max rate 20kHz\n"),
     ),
 }
 
