@@ -13,8 +13,10 @@ vehicle-tick, wall and CPU (all rows on the same cores, XLA's CPU threads):
   ``backend="auto"``: the engine's tick (controller, substeps, monitor, fold, status) generated
   into one native call for the horizon;
 * physics kernel per tick: the same call with the tick forced onto the previous path (the
-  physics' native kernel once per tick, the controller and hooks in XLA): ``inputs=Inputs(wind=...)``
-  with a zero wind series, which the whole-loop kernel does not take;
+  physics' native kernel once per tick, the controller and hooks in XLA): ``SimConfig(checkpoint=True)``,
+  which the whole-loop kernel does not take (its derivatives run the XLA scan) and which changes
+  nothing in a forward pass. (Until 2026-12-04 this row passed a zero wind series instead; once the
+  whole-loop kernel took wind series, that row flew the whole-loop kernel too.);
 * xla: the same on ``backend="xla"``;
 * open-loop physics: ``simulate`` of the same 2-substep ticks with a held command (native
   kernel), the denominator of the issue's "closed loop ≤ 2× the open loop" target.
@@ -92,13 +94,12 @@ def main():
         print(f"{name:24s} {law_name:9s} {1e9 * wall / per:8.1f} ns wall {1e9 * cpu / per:8.1f} ns CPU "
               f"per vehicle-tick (first call {first:.2f} s)", flush=True)
 
-    zero_wind = jnp.zeros((T, 3), dtype)
 
     def fleet(law, ctrl, backend, per_tick=False):
         def one(p1, s, cs):
             tr = qj.simulate(p1, s, dt, controller=law, ctrl_params=ctrl, ctrl_state=cs, num_ticks=T,
-                             hooks=(Reduce(worst, zero),), inputs=qj.Inputs(wind=zero_wind) if per_tick else None,
-                             config=qj.SimConfig(backend=backend, substeps=substeps, save_every=0))
+                             hooks=(Reduce(worst, zero),),
+                             config=qj.SimConfig(backend=backend, substeps=substeps, save_every=0, checkpoint=per_tick))
             return tr.hooks[0]
 
         return jax.jit(jax.vmap(one))

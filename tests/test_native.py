@@ -362,6 +362,51 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
                  **TOL[jnp.float64 if dtype == "float64" else jnp.float32])
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_rk4_step_batches_any_way_like_the_xla_form_and_each_vehicle_keeps_its_bits(dtype):
+    """The step kernel's own batching (one call, vehicle-minor, its state updated in place):
+    vmap over the state only, over the params only (the state shared: nothing updated in
+    place), one leaf left unbatched, vmap of vmap with the vmapped axis not first, and whole
+    blocks (16 vehicles) beside partial ones. Each equals the XLA form, and each vehicle's
+    result is bit for bit the one it gets stepped alone."""
+    from quadjax.integrators import rk4_step_xla
+
+    tol = TOL[jnp.float64 if dtype == "float64" else jnp.float32]
+    fleet = varied_fleet(4, 16, dtype, seed=5)
+    ps, s, u, dt = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *fleet)
+    p0, s0, u0, dt0 = fleet[0]
+    step = jax.jit(qj.rk4_step)
+    alone = [step(*f) for f in fleet]
+    cases = {
+        "state": (jax.vmap(lambda s, u: qj.rk4_step(p0, s, u, dt0)), jax.vmap(lambda s, u: rk4_step_xla(p0, s, u, dt0)),
+                  (s, u)),
+        "params": (jax.vmap(lambda p, dt: qj.rk4_step(p, s0, u0, dt)), jax.vmap(lambda p, dt: rk4_step_xla(p, s0, u0, dt)),
+                   (ps, dt)),
+        "energy shared": tuple(jax.vmap(lambda p, s, u, dt, f=f: f(p, s, u, dt),
+                                        in_axes=(0, s.replace(**{f: 0 for f in s.__dataclass_fields__}).replace(
+                                            energy=None), 0, 0))
+                               for f in (qj.rk4_step, rk4_step_xla)) + ((ps, s.replace(energy=s0.energy), u, dt),),
+    }
+    for name, (mine, ref, args) in cases.items():
+        got = jax.jit(mine)(*args)
+        leaves_close(got, jax.jit(ref)(*args), **tol)
+        assert "quadjax_step_" in jax.jit(mine).lower(*args).as_text(), name
+    leaves_equal(jax.jit(jax.vmap(qj.rk4_step))(ps, s, u, dt), jax.tree_util.tree_map(lambda *x: jnp.stack(x), *alone))
+    # 2 x 8 vehicles: the outer vmap over axis 1 of the state and commands, the inner over params
+    grid = lambda f: jax.vmap(jax.vmap(f, in_axes=(0, 0, 0, 0)), in_axes=(None, 1, 1, None))  # noqa: E731
+    two = lambda x: x.reshape((2, 8) + x.shape[1:])  # noqa: E731
+    pg, dg = jax.tree_util.tree_map(lambda x: x[:8], ps), dt[:8]
+    sg = jax.tree_util.tree_map(lambda x: jnp.swapaxes(two(x), 0, 1), s)
+    ug = jnp.swapaxes(two(u), 0, 1)
+    got = jax.jit(grid(qj.rk4_step))(pg, sg, ug, dg)
+    assert got.position.shape == (2, 8, 3)
+    leaves_close(got, jax.jit(grid(rk4_step_xla))(pg, sg, ug, dg), **tol)
+    for i in range(2):
+        for j in range(8):
+            one = jax.tree_util.tree_map(lambda x: x[j], pg), jax.tree_util.tree_map(lambda x: x[j, i], sg)
+            leaves_equal(jax.tree_util.tree_map(lambda x: x[i, j], got), step(*one, ug[j, i], dg[j]))
+
+
 def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences():
     """grad, jvp, jacfwd, vmap(grad) and checkpoint of a loss over a scan of the kernel's
     rk4_step run in the adjoint / tangent kernels and equal those of the XLA form (to 1e-10)

@@ -69,7 +69,21 @@ HARNESS = Path(__file__).with_name("rollout.cc")
 LOOP_HARNESS = Path(__file__).with_name("loop.cc")  # the closed loop's (quadjax.native.loop)
 ROTOR_COUNTS = (4, 6, 8)
 DTYPES = ("float32", "float64")
-VECTOR_BYTES = 32  # one AVX2 register per vector: wider types spill (measured: W = 16 floats is 5x slower)
+
+
+def _vector_bytes() -> int:
+    """One SIMD register per vector (W vehicles in its lanes): 64 bytes where the CPU has AVX-512F
+    (-march=native then targets it; float32 rollouts 15-25 % and the default sweep 15-20 % faster
+    than with 32 on an AMD EPYC with AVX-512, measured 2026-12-04), else 32 (AVX2; there a vector
+    wider than a register spills: W = 16 floats was 5x slower)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return 32
+    return 64 if platform.machine() == "x86_64" and " avx512f" in flags else 32
+
+
+VECTOR_BYTES = _vector_bytes()
 # -ffp-contract=fast: multiply-adds fused (12 % less CPU time per vehicle-step, measured); the kernel
 # then rounds differently from XLA's un-fused operations (agreement to ~1e-13 in float64, tested),
 # but every vehicle still runs the same instructions in every lane, block, batch size and shard, so
@@ -636,24 +650,50 @@ def _kernel_step(fallback, params, state, command, dt):
         x = jnp.reshape(x, b + (width,))
         return jnp.reshape(x, (1,) * (len(batch) - len(b)) + x.shape)
 
-    def leaf_rows(x, e):  # a state leaf as (..., width) rows of its own batch (no copy: a reshape)
-        b = jnp.shape(x)[:jnp.ndim(x) - len(e.shape)]
-        return rows(x, b, math.prod(e.shape))
+    def padded(x, e):  # a leaf of its own batch, left-padded with 1s to the rank of the batch
+        return jnp.reshape(x, (1,) * (len(batch) + len(e.shape) - jnp.ndim(x)) + jnp.shape(x))
 
     flat = [jnp.reshape(jnp.broadcast_to(x, p_batch + e.shape), p_batch + (-1,))
             for x, e in zip(jax.tree_util.tree_leaves((params, dt)), jax.tree_util.tree_leaves(example["P"]))]
     P = rows(jnp.concatenate(flat, axis=-1), p_batch, Layout.of(example["P"]).size)
-    leaves = [leaf_rows(x, e) for x, e in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(example["S"]))]
-    u = leaf_rows(command, example["U"])[..., None, :]
-    wind = leaf_rows(params.wind, example["Wd"])[..., None, :]
+    leaves = [padded(x, e) for x, e in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(example["S"]))]
+    u = padded(command, example["U"])[..., None, :]
+    wind = padded(params.wind, example["Wd"])[..., None, :]
     wrench = jnp.zeros((1,) * len(batch) + (1, 6), command.dtype)
-    widths = [math.prod(e.shape) for e in jax.tree_util.tree_leaves(example["S"])]
-    call = jax.ffi.ffi_call(_target(command.dtype, R, "step"),
-                            [jax.ShapeDtypeStruct(batch + (w,), command.dtype) for w in widths],
-                            vmap_method="expand_dims")
-    out = call(P, *leaves, u, wind, wrench)
-    shaped = [jnp.reshape(x, batch + e.shape) for x, e in zip(out, jax.tree_util.tree_leaves(example["S"]))]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(example["S"]), shaped)
+    out = _step_call(P, *leaves, u, wind, wrench)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(example["S"]), out)
+
+
+@jax.custom_batching.custom_vmap
+def _step_call(P, *args):
+    """The step kernel on the whole batch: the state's leaves (batch..., *leaf shape), the command
+    (batch..., 1, R), vehicle-minor (the batch dims minor, so that XLA keeps a scan's carry in
+    that layout and the kernel reads each block's values as vectors), every argument of one rank
+    per core shape (batch dims equal or 1). A leaf with the results' shape is updated in place.
+    Batched by :func:`_step_call_vmap`, so that a ``vmap`` of it stays one call whose layout is
+    vehicle-minor over all the batch dims (``jax.ffi.ffi_call``'s own batching would make the
+    new dim the most major)."""
+    *leaves, u, wind, wrench = args
+    cores = [len(e.shape) for e in jax.tree_util.tree_leaves(step_example(u.shape[-1], u.dtype)["S"])]
+    batch = jnp.broadcast_shapes(P.shape[:-1], *[x.shape[:-2] for x in (u, wind, wrench)],
+                                 *[x.shape[:x.ndim - c] for x, c in zip(leaves, cores)])
+    shapes = [batch + x.shape[len(batch):] for x in leaves]
+
+    def minor(rank, core):  # major-to-minor: the core dims (last first), then the batch dims
+        return tuple(range(rank - 1, rank - 1 - core, -1)) + tuple(range(rank - core))
+
+    call = jax.ffi.ffi_call(
+        _target(u.dtype, u.shape[-1], "step"), [jax.ShapeDtypeStruct(sh, u.dtype) for sh in shapes],
+        input_layouts=[None] + [minor(x.ndim, c) for x, c in zip(leaves, cores)] + [minor(u.ndim, 2), None, None],
+        output_layouts=[minor(len(sh), c) for sh, c in zip(shapes, cores)],
+        input_output_aliases={1 + l: l for l, x in enumerate(leaves) if x.shape == shapes[l]})
+    return list(call(P, *leaves, u, wind, wrench))
+
+
+@_step_call.def_vmap
+def _step_call_vmap(axis_size, in_batched, *args):
+    """A vmapped step is one call over the larger batch: an unbatched argument gets a leading 1."""
+    return _step_call(*[x if b else x[None] for x, b in zip(args, in_batched)]), [True] * 7
 
 
 @_kernel_step.defjvp

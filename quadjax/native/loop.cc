@@ -8,7 +8,7 @@
 //   K::step(H, P, X, k, U, Y) one tick at tick index k for W vehicles: the carry X in place, the
 //                             tick's series row U read, its output Y written
 // over GCC vector types, and pastes it, then rollout.cc (whose helpers this file uses: DataTypeOf,
-// Gather, Parallel, Buf, Out, QJ_BUF), then this file, then its QUADJAX_LOOP line.
+// Gather, Scatter, Parallel, Buf, Out, QJ_BUF), then this file, then its QUADJAX_LOOP line.
 //
 // Layouts (row-major, all of the float dtype; integers and flags as whole numbers):
 //   inputs  (Np, N_P)      Np = N or 1 (shared by every vehicle): what the tick reads and never
@@ -82,30 +82,34 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
     const int64_t v0 = b * W;
     const int count = static_cast<int>(std::min<int64_t>(W, n - v0));
     int64_t lane[W];
-    for (int j = 0; j < W; ++j) {  // spare lanes repeat v0: finite numbers, results discarded
-      lane[j] = v0 + (j < count ? j : 0);
-      Gather(B.p, P + lane[j] * p_stride, K::N_P, j);
-      Gather(B.x, X + lane[j] * K::N_X, K::N_X, j);
-    }
+    const F* rows[W];
+    for (int j = 0; j < W; ++j) lane[j] = v0 + (j < count ? j : 0);  // spare lanes repeat v0: finite, discarded
+    for (int j = 0; j < W; ++j) rows[j] = P + lane[j] * p_stride;
+    Gather(B.p, rows, K::N_P);
+    for (int j = 0; j < W; ++j) rows[j] = X + lane[j] * K::N_X;
+    Gather(B.x, rows, K::N_X);
     for (int i = 0; i < K::N_U; ++i) B.u[i] = V{};  // the spare
     K::prologue(B.p, B.H);
     for (int64_t t = 0, s = 0; t < num_ticks; ++t) {
       B.k[0] = V{} + static_cast<F>(t);  // whole numbers: exact below 2^24 (float32) ticks
       if (t == 0 || streamed)
-        for (int l = 0; l < NU; ++l)
-          for (int j = 0; j < W; ++j) Gather(B.u + u_at[l], U[l] + lane[j] * u_stride[l] + t * t_stride[l], K::L_U[l], j);
+        for (int l = 0; l < NU; ++l) {
+          for (int j = 0; j < W; ++j) rows[j] = U[l] + lane[j] * u_stride[l] + t * t_stride[l];
+          Gather(B.u + u_at[l], rows, K::L_U[l]);
+        }
       K::step(B.H, B.p, B.x, B.k, B.u, B.y);
       if (every && (t + 1) % every == 0) {
-        for (int l = 0; l < NY; ++l)
-          for (int j = 0; j < count; ++j) {
-            F* row = Y[l] + ((v0 + j) * S + s) * K::L_Y[l];
-            for (int i = 0; i < K::L_Y[l]; ++i) row[i] = B.y[y_at[l] + i][j];
-          }
+        for (int l = 0; l < NY; ++l) {
+          F* out[W];
+          for (int j = 0; j < W; ++j) out[j] = Y[l] + (lane[j] * S + s) * K::L_Y[l];
+          Scatter(out, B.y + y_at[l], K::L_Y[l], count);
+        }
         ++s;
       }
     }
-    for (int j = 0; j < count; ++j)
-      for (int i = 0; i < K::N_X; ++i) Xo[(v0 + j) * K::N_X + i] = B.x[i][j];
+    F* out[W];
+    for (int j = 0; j < W; ++j) out[j] = Xo + lane[j] * K::N_X;
+    Scatter(out, B.x, K::N_X, count);
   });
   return ffi::Error::Success();
 }

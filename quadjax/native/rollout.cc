@@ -20,13 +20,14 @@
 //   wind     (..., Tw, 3)    world wind per tick; Tw = 1: held for the whole call
 //   wrench   (..., Tr, 6)    body force, moment per tick; Tr = 1: held
 // Results: final (..., N_S); saved (..., T / save_every, N_S) (empty when save_every = 0).
-// The step entry point takes the state as its 7 QuadState leaves, each (..., width), one command
-// row (..., 1, R), and returns the 7 leaves.
+// The step entry point takes the state as its 7 QuadState leaves and one command row (..., 1, R),
+// all vehicle-minor (see Step), and returns the 7 leaves in that layout (XLA updates them in place).
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -84,19 +85,27 @@ struct Broadcast {
 
 // A run of the state's leaves: `width` values per vehicle at `offset` in the kernel's state, read
 // from `in` (rows broadcast by `b`) and the final values written to `out`. The rollout passes the
-// packed state as one segment; the step (a user's rk4_step) passes each QuadState leaf, so that
-// XLA never packs or unpacks rows around the call.
+// packed state as one segment of rows (value i of row r at r * width + i); the step (a user's
+// rk4_step) passes each QuadState leaf vehicle-minor (at i * rows + r, `minor`), so that XLA
+// neither packs rows nor transposes around the call and a block's values are one vector load.
 template <typename F>
 struct Segment {
   const F* in;
   F* out;
   int width, offset;
   Broadcast b;
+  bool minor = false;
+  int64_t in_rows = 0, out_rows = 0;  // minor: rows in `in` and in `out`
+  const F* row_in(int64_t r) const { return in + (minor ? r : r * width); }
+  F* row_out(int64_t v) const { return out + (minor ? v : v * width); }
+  int64_t in_step() const { return minor ? in_rows : 1; }
+  int64_t out_step() const { return minor ? out_rows : 1; }
 };
 
 template <typename F>
 struct Job {
   const F *params, *commands, *wind, *wrench;
+  int64_t c_row = 0, c_value = 1;  // tick t's command k of row r at commands[r * c_row + (t * R + k) * c_value]
   F* saved;
   Broadcast bp, bc, bw, br;
   int64_t T, Tw, Tr, save_every, substeps;
@@ -113,10 +122,57 @@ struct Block {
   bool params_ready = false;  // p and H hold a shared parameter row
 };
 
-// Lane j of the vectors x[0..n) from one vehicle's row src[0..n).
+// The vectors x[0..n) from W consecutive values each: x[i] = base[i * step .. i * step + W).
 template <class V, typename F>
-inline void Gather(V* x, const F* src, int n, int j) {
-  for (int i = 0; i < n; ++i) x[i][j] = src[i];
+inline void Load(V* x, const F* base, int n, int64_t step) {
+  for (int i = 0; i < n; ++i) std::memcpy(&x[i], base + i * step, sizeof(V));
+}
+
+// The vectors x[0..n) out to W consecutive values each.
+template <class V, typename F>
+inline void Store(F* base, const V* x, int n, int64_t step) {
+  for (int i = 0; i < n; ++i) std::memcpy(base + i * step, &x[i], sizeof(V));
+}
+
+// Whether the W lanes' rows are W consecutive values (then each x[i] is one vector load or store).
+template <typename P, int W>
+inline bool Consecutive(const P (&rows)[W]) {
+  bool yes = true;
+  for (int j = 1; j < W; ++j) yes &= rows[j] == rows[0] + j;
+  return yes;
+}
+
+// The vectors x[0..n) from W rows, one per lane: lane j of x[i] is rows[j][i * step]. Each vector
+// is assembled in registers and stored whole. (Storing lane by lane into memory and then loading
+// the vector defeats store-to-load forwarding: that way the gather and scatter of a one-step call
+// cost twice its step; benchmarks/step_call_overhead.py.)
+template <class V, typename F, int W>
+inline void Gather(V* x, const F* const (&rows)[W], int n, int64_t step = 1) {
+  if (Consecutive(rows)) return Load(x, rows[0], n, step);
+  bool shared = true;  // one row for every lane (shared params, a held wind): broadcast it
+  for (int j = 1; j < W; ++j) shared &= rows[j] == rows[0];
+  if (shared) {
+    for (int i = 0; i < n; ++i) x[i] = V{} + rows[0][i * step];
+    return;
+  }
+  for (int i = 0; i < n; ++i) {
+    V v;
+    for (int j = 0; j < W; ++j) v[j] = rows[j][i * step];
+    x[i] = v;
+  }
+}
+
+// The first `count` lanes of the vectors x[0..n) out to their rows: rows[j][i * step] is lane j of x[i].
+template <class V, typename F, int W>
+inline void Scatter(F* const (&rows)[W], const V* x, int n, int count, int64_t step = 1) {
+  if (count == W && Consecutive(rows)) return Store(rows[0], x, n, step);
+  for (int i = 0; i < n; ++i) {
+    const V v = x[i];
+    if (count == W)
+      for (int j = 0; j < W; ++j) rows[j][i * step] = v[j];
+    else
+      for (int j = 0; j < count; ++j) rows[j][i * step] = v[j];
+  }
 }
 
 // The vehicle of each lane of the block [v0, v0 + count) (count <= W; spare lanes repeat v0:
@@ -126,11 +182,18 @@ struct Lanes {
   int64_t v[W], c[W], w[W], r[W];  // vehicle; its commands, wind and wrench rows
   template <typename F>
   Lanes(const Job<F>& job, int64_t v0, int count) {
-    for (int j = 0; j < W; ++j) {
-      v[j] = v0 + (j < count ? j : 0);
-      c[j] = job.bc.row(v[j]);
-      w[j] = job.bw.row(v[j]);
-      r[j] = job.br.row(v[j]);
+    for (int j = 0; j < W; ++j) v[j] = v0 + (j < count ? j : 0);
+    Rows(job.bc, c);
+    Rows(job.bw, w);
+    Rows(job.br, r);
+  }
+  void Rows(const Broadcast& b, int64_t (&row)[W]) const {  // the common cases without a branch per lane
+    if (b.same) {
+      std::copy_n(v, W, row);
+    } else if (b.shared) {
+      std::fill_n(row, W, 0);
+    } else {
+      for (int j = 0; j < W; ++j) row[j] = b.row(v[j]);
     }
   }
 };
@@ -139,10 +202,20 @@ struct Lanes {
 template <class K, int W>
 void LoadSeries(const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t, bool first, typename K::V* wind,
                 typename K::V* ext) {
-  for (int j = 0; j < W; ++j) {
-    if (first || job.Tw > 1) Gather(wind, job.wind + (lanes.w[j] * job.Tw + (job.Tw > 1 ? t : 0)) * K::N_Wd, K::N_Wd, j);
-    if (first || job.Tr > 1) Gather(ext, job.wrench + (lanes.r[j] * job.Tr + (job.Tr > 1 ? t : 0)) * K::N_E, K::N_E, j);
-  }
+  using F = typename K::F;
+  auto load = [&](typename K::V* x, const F* series, const Broadcast& b, int64_t Ts, const int64_t* row, int n) {
+    if (!first && Ts == 1) return;
+    const int64_t at = Ts > 1 ? t : 0;
+    if (b.shared) {  // one row for every vehicle (a held wind, no wrench): broadcast it
+      for (int i = 0; i < n; ++i) x[i] = typename K::V{} + series[at * n + i];
+      return;
+    }
+    const F* rows[W];
+    for (int j = 0; j < W; ++j) rows[j] = series + (row[j] * Ts + at) * n;
+    Gather(x, rows, n);
+  };
+  load(wind, job.wind, job.bw, job.Tw, lanes.w, K::N_Wd);
+  load(ext, job.wrench, job.br, job.Tr, lanes.r, K::N_E);
 }
 
 // Run vehicles [v0, v0 + count) (count <= W) through the whole horizon.
@@ -154,21 +227,34 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
   // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
   // closed-loop tick, are otherwise dominated by this transposition and the prologue)
   const bool reuse = job.bp.shared && B.params_ready;
-  for (int j = 0; j < W; ++j) {
-    if (!reuse) Gather(B.p, job.params + job.bp.row(lanes.v[j]) * NP, NP, j);
-    for (const auto& seg : job.state) Gather(B.s + seg.offset, seg.in + seg.b.row(lanes.v[j]) * seg.width, seg.width, j);
+  const F* rows[W];
+  if (!reuse) {
+    for (int j = 0; j < W; ++j) rows[j] = job.params + job.bp.row(lanes.v[j]) * NP;
+    Gather(B.p, rows, NP);
+  }
+  // a whole block of vehicle-minor values, one row each: no per-lane bookkeeping (it would cost
+  // as much as the step's arithmetic in a one-step call)
+  const bool whole = count == W;
+  for (const auto& seg : job.state) {
+    if (whole && seg.minor && seg.b.same) {
+      Load(B.s + seg.offset, seg.in + v0, seg.width, seg.in_rows);
+      continue;
+    }
+    for (int j = 0; j < W; ++j) rows[j] = seg.row_in(seg.b.row(lanes.v[j]));
+    Gather(B.s + seg.offset, rows, seg.width, seg.in_step());
   }
   if (!reuse) K::prologue(B.p, B.H);
   B.params_ready = job.bp.shared;
   const int64_t T = job.T;
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
-    // stage the block's next commands lane-major: each vehicle's rows are read in one
-    // sequential run instead of one strided line per vehicle per tick
+    // stage the block's next commands lane-major: each vehicle's rows are read as one sequential
+    // stream instead of one strided line per vehicle per tick
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    for (int j = 0; j < W; ++j) {
-      const F* c = job.commands + (lanes.c[j] * T + t0) * R;
-      for (int tt = 0; tt < len; ++tt)
-        for (int r = 0; r < R; ++r) B.staged[tt][r][j] = c[tt * R + r];
+    if (whole && job.c_row == 1 && job.bc.same) {
+      Load(&B.staged[0][0], job.commands + v0 + t0 * R * job.c_value, len * R, job.c_value);
+    } else {
+      for (int j = 0; j < W; ++j) rows[j] = job.commands + lanes.c[j] * job.c_row + t0 * R * job.c_value;
+      Gather(&B.staged[0][0], rows, len * R, job.c_value);
     }
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
@@ -177,14 +263,21 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       for (int64_t sub = 0; sub < job.substeps; ++sub) K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
-        for (int j = 0; j < count; ++j)
-          for (int i = 0; i < NS; ++i) job.saved[((v0 + j) * slots + slot) * NS + i] = B.s[i][j];
+        F* out[W];
+        for (int j = 0; j < W; ++j) out[j] = job.saved + (lanes.v[j] * slots + slot) * NS;
+        Scatter(out, B.s, NS, count);
       }
     }
   }
-  for (const auto& seg : job.state)
-    for (int j = 0; j < count; ++j)
-      for (int i = 0; i < seg.width; ++i) seg.out[(v0 + j) * seg.width + i] = B.s[seg.offset + i][j];
+  for (const auto& seg : job.state) {
+    if (whole && seg.minor) {
+      Store(seg.out + v0, B.s + seg.offset, seg.width, seg.out_rows);
+      continue;
+    }
+    F* out[W];
+    for (int j = 0; j < W; ++j) out[j] = seg.row_out(lanes.v[j]);
+    Scatter(out, B.s + seg.offset, seg.width, count, seg.out_step());
+  }
 }
 
 // Blocks handed out to the calling thread and to helpers on XLA's intra-op pool. The caller
@@ -259,6 +352,7 @@ ffi::Error Prepare(Job<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<
     return ffi::Error::InvalidArgument("quadjax native: a wind or wrench series of neither 1 nor T rows");
   job.params = params.typed_data();
   job.commands = commands.typed_data();
+  job.c_row = job.T * K::N_U;
   job.wind = wind.typed_data();
   job.wrench = wrench.typed_data();
   job.bp = Broadcast(batch, params.dimensions(), 1);
@@ -306,7 +400,9 @@ ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   return ffi::Error::Success();
 }
 
-// One step (quadjax.rk4_step) on the state's leaves, each (..., width), one command row (..., 1, R).
+// One step (quadjax.rk4_step) on the state's leaves, each (...) or (..., width), and one command
+// (..., 1, R): all vehicle-minor (the batch dims are the minor ones: value i of row r at
+// i * rows + r), the leaves' results too. Params, wind and wrench are rows, as in the rollout.
 template <class K>
 ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> s0, Buf<typename K::F> s1,
                 Buf<typename K::F> s2, Buf<typename K::F> s3, Buf<typename K::F> s4, Buf<typename K::F> s5,
@@ -317,21 +413,31 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   static_assert(K::NL_S == 7, "the state has 7 leaves");
   Buf<F>* in[7] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6};
   Out<F>* out[7] = {&o0, &o1, &o2, &o3, &o4, &o5, &o6};
-  auto odims = o0->dimensions();
-  ffi::Span<const int64_t> batch(odims.begin(), odims.size() - 1);
+  auto pdims = o0->dimensions();  // the position's: (batch..., 3)
+  if (pdims.size() == 0 || pdims.back() != K::L_S[0]) return ffi::Error::InvalidArgument("quadjax native: bad position shape");
+  ffi::Span<const int64_t> batch(pdims.begin(), pdims.size() - 1);
+  const int64_t n = Count(batch);
   Job<F> job{};
   for (int l = 0, offset = 0; l < 7; offset += K::L_S[l], ++l) {
-    if (in[l]->dimensions().back() != K::L_S[l] || (*out[l])->dimensions().back() != K::L_S[l] ||
-        (*out[l])->dimensions().size() != odims.size())
+    auto idims = in[l]->dimensions(), odims = (*out[l])->dimensions();
+    // a leaf of one value may come without its trailing 1
+    const int core = idims.size() == batch.size() && K::L_S[l] == 1 ? 0 : 1;
+    if ((core && idims.back() != K::L_S[l]) || odims.size() != batch.size() + core ||
+        Count(odims) != n * K::L_S[l])
       return ffi::Error::InvalidArgument("quadjax native: bad state leaf shape");
-    job.state.push_back({in[l]->typed_data(), (*out[l])->typed_data(), K::L_S[l], offset,
-                         Broadcast(batch, in[l]->dimensions(), 1)});
+    Segment<F> seg{in[l]->typed_data(), (*out[l])->typed_data(), K::L_S[l], offset, Broadcast(batch, idims, core)};
+    seg.minor = true;
+    seg.in_rows = Count(idims) / K::L_S[l];
+    seg.out_rows = n;
+    job.state.push_back(seg);
   }
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
+  job.c_row = 1;
+  job.c_value = Count(commands.dimensions()) / K::N_U;
   job.substeps = 1;
   job.save_every = 0;
-  Run<K>(pool, job, Count(batch));
+  Run<K>(pool, job, n);
   return ffi::Error::Success();
 }
 
@@ -348,7 +454,7 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
 // cotangents of params (..., N_P), state (..., N_S), commands (..., T, R), wind (..., Tw, 3),
 // wrench (..., Tr, 6).
 
-constexpr int64_t kTrailVectors = int64_t{1} << 16;  // 2 MiB of 32-byte vectors per thread
+constexpr int64_t kTrailVectors = int64_t{1} << 16;  // per thread: 2 MiB of AVX2 vectors, 4 MiB of AVX-512
 
 template <class K, class A>
 struct AdjointBlock {
@@ -378,15 +484,18 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   const int64_t T = f.T, sub = f.substeps, slots = f.save_every ? T / f.save_every : 0;
   const Lanes<W> lanes(f, v0, count);
   const auto& seg0 = f.state[0];
-  for (int j = 0; j < W; ++j) {
-    Gather(B.p, f.params + f.bp.row(lanes.v[j]) * NP, NP, j);
-    Gather(B.s, seg0.in + seg0.b.row(lanes.v[j]) * NS, NS, j);
-  }
+  const F* rows[W];
+  for (int j = 0; j < W; ++j) rows[j] = f.params + f.bp.row(lanes.v[j]) * NP;
+  Gather(B.p, rows, NP);
+  for (int j = 0; j < W; ++j) rows[j] = seg0.in + seg0.b.row(lanes.v[j]) * NS;
+  Gather(B.s, rows, NS);
   K::prologue(B.p, B.H);
   A::prologue(B.p, B.HA);
   LoadSeries<K>(f, lanes, 0, true, B.wind, B.ext);  // held series: read once
   auto load_inputs = [&](int64_t t) {
-    for (int j = 0; j < W; ++j) Gather(B.u, f.commands + (lanes.c[j] * T + t) * R, R, j);
+    const F* command[W];
+    for (int j = 0; j < W; ++j) command[j] = f.commands + (lanes.c[j] * T + t) * R;
+    Gather(B.u, command, R);
     LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
   };
   // segments of L ticks: the trail holds L * substeps states
@@ -406,8 +515,8 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   };
   if (segments > 1) forward(0, T, false);  // the checkpoints (one segment: its trail, below)
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
-  for (int j = 0; j < W; ++j)
-    for (int i = 0; i < NS; ++i) B.c[i][j] = job.ct_final[job.bf.row(lanes.v[j]) * NS + i];
+  for (int j = 0; j < W; ++j) rows[j] = job.ct_final + job.bf.row(lanes.v[j]) * NS;
+  Gather(B.c, rows, NS);
   for (int64_t seg = segments - 1; seg >= 0; --seg) {
     const int64_t t0 = seg * L, t1 = std::min(T, t0 + L);
     if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
