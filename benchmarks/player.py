@@ -24,6 +24,7 @@ machine, one job at a time; run it with nothing else on the cores.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import shutil
@@ -75,9 +76,9 @@ class Chromium:
             sys.exit("benchmarks/player.py needs Chromium (apt-get install chromium)")
         self.profile = tempfile.mkdtemp(prefix="quadjax-bench-chromium-")
         log = Path(self.profile) / "stderr.log"  # a file: an undrained pipe would stall the browser
-        with open(log, "w") as err:
+        with open(log, "w") as err:  # TMPDIR in the profile: Chromium's singleton folder goes with it
             self.proc = subprocess.Popen([exe, *FLAGS, *extra, f"--user-data-dir={self.profile}", "about:blank"],
-                                         stdout=subprocess.DEVNULL, stderr=err)
+                                         stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, TMPDIR=self.profile))
         m, deadline = None, time.monotonic() + 30
         while m is None and time.monotonic() < deadline:
             m = re.search(r"DevTools listening on (ws://127\.0\.0\.1:\d+/\S+)", log.read_text())

@@ -288,9 +288,11 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="quadjax-chromium-")
         # its log goes to a file, never a pipe: a pipe nobody drains would fill and stall it
         log = Path(self.profile) / "stderr.log"
+        # TMPDIR inside the profile: Chromium's singleton folder (org.chromium.Chromium.*) goes with it
         with open(log, "w") as err:
             self.proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, *extra, f"--user-data-dir={self.profile}",
-                                          "about:blank"], stdout=subprocess.DEVNULL, stderr=err)
+                                          "about:blank"], stdout=subprocess.DEVNULL, stderr=err,
+                                         env=dict(os.environ, TMPDIR=self.profile))
         endpoint, deadline = None, time.monotonic() + 30
         while endpoint is None and time.monotonic() < deadline and self.proc.poll() is None:
             m = re.search(r"DevTools listening on (ws://127\.0\.0\.1:\d+/\S+)", log.read_text())

@@ -693,7 +693,8 @@ def _step_call(P, *args):
 @_step_call.def_vmap
 def _step_call_vmap(axis_size, in_batched, *args):
     """A vmapped step is one call over the larger batch: an unbatched argument gets a leading 1."""
-    return _step_call(*[x if b else x[None] for x, b in zip(args, in_batched)]), [True] * 7
+    out = _step_call(*[x if b else x[None] for x, b in zip(args, in_batched)])
+    return out, [True] * len(out)
 
 
 @_kernel_step.defjvp
