@@ -377,20 +377,16 @@ def test_rk4_step_batches_any_way_like_the_xla_form_and_each_vehicle_keeps_its_b
     p0, s0, u0, dt0 = fleet[0]
     step = jax.jit(qj.rk4_step)
     alone = [step(*f) for f in fleet]
-    cases = {
-        "state": (jax.vmap(lambda s, u: qj.rk4_step(p0, s, u, dt0)), jax.vmap(lambda s, u: rk4_step_xla(p0, s, u, dt0)),
-                  (s, u)),
-        "params": (jax.vmap(lambda p, dt: qj.rk4_step(p, s0, u0, dt)), jax.vmap(lambda p, dt: rk4_step_xla(p, s0, u0, dt)),
-                   (ps, dt)),
-        "energy shared": tuple(jax.vmap(lambda p, s, u, dt, f=f: f(p, s, u, dt),
-                                        in_axes=(0, s.replace(**{f: 0 for f in s.__dataclass_fields__}).replace(
-                                            energy=None), 0, 0))
-                               for f in (qj.rk4_step, rk4_step_xla)) + ((ps, s.replace(energy=s0.energy), u, dt),),
+    energy_shared = s.replace(**{f: None if f == "energy" else 0 for f in s.__dataclass_fields__})
+    cases = {  # name: (how the step is batched, its arguments)
+        "state": (lambda f: jax.vmap(lambda s, u: f(p0, s, u, dt0)), (s, u)),
+        "params": (lambda f: jax.vmap(lambda p, dt: f(p, s0, u0, dt)), (ps, dt)),
+        "energy shared": (lambda f: jax.vmap(f, in_axes=(0, energy_shared, 0, 0)), (ps, s.replace(energy=s0.energy), u, dt)),
     }
-    for name, (mine, ref, args) in cases.items():
-        got = jax.jit(mine)(*args)
-        leaves_close(got, jax.jit(ref)(*args), **tol)
-        assert "quadjax_step_" in jax.jit(mine).lower(*args).as_text(), name
+    for name, (batched, args) in cases.items():
+        mine = jax.jit(batched(qj.rk4_step))
+        leaves_close(mine(*args), jax.jit(batched(rk4_step_xla))(*args), **tol)
+        assert "quadjax_step_" in mine.lower(*args).as_text(), name
     leaves_equal(jax.jit(jax.vmap(qj.rk4_step))(ps, s, u, dt), jax.tree_util.tree_map(lambda *x: jnp.stack(x), *alone))
     # 2 x 8 vehicles: the outer vmap over axis 1 of the state and commands, the inner over params
     grid = lambda f: jax.vmap(jax.vmap(f, in_axes=(0, 0, 0, 0)), in_axes=(None, 1, 1, None))  # noqa: E731

@@ -646,19 +646,16 @@ def _kernel_step(fallback, params, state, command, dt):
     example = step_example(R, command.dtype)
     p_batch, batch = _step_batch(params, state, command, dt)
 
-    def rows(x, b, width):  # (..b, width), left-padded with 1s to the rank of the batch
-        x = jnp.reshape(x, b + (width,))
-        return jnp.reshape(x, (1,) * (len(batch) - len(b)) + x.shape)
-
-    def padded(x, e):  # a leaf of its own batch, left-padded with 1s to the rank of the batch
-        return jnp.reshape(x, (1,) * (len(batch) + len(e.shape) - jnp.ndim(x)) + jnp.shape(x))
+    def padded(x, core):  # x of its own batch, left-padded with 1s to the rank of the batch
+        return jnp.reshape(x, (1,) * (len(batch) + core - jnp.ndim(x)) + jnp.shape(x))
 
     flat = [jnp.reshape(jnp.broadcast_to(x, p_batch + e.shape), p_batch + (-1,))
             for x, e in zip(jax.tree_util.tree_leaves((params, dt)), jax.tree_util.tree_leaves(example["P"]))]
-    P = rows(jnp.concatenate(flat, axis=-1), p_batch, Layout.of(example["P"]).size)
-    leaves = [padded(x, e) for x, e in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(example["S"]))]
-    u = padded(command, example["U"])[..., None, :]
-    wind = padded(params.wind, example["Wd"])[..., None, :]
+    P = padded(jnp.concatenate(flat, axis=-1), 1)  # the params' rows (..., N_P)
+    leaves = [padded(x, len(e.shape)) for x, e in zip(jax.tree_util.tree_leaves(state),
+                                                      jax.tree_util.tree_leaves(example["S"]))]
+    u = padded(command, 1)[..., None, :]
+    wind = padded(params.wind, 1)[..., None, :]
     wrench = jnp.zeros((1,) * len(batch) + (1, 6), command.dtype)
     out = _step_call(P, *leaves, u, wind, wrench)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(example["S"]), out)

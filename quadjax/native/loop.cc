@@ -8,7 +8,7 @@
 //   K::step(H, P, X, k, U, Y) one tick at tick index k for W vehicles: the carry X in place, the
 //                             tick's series row U read, its output Y written
 // over GCC vector types, and pastes it, then rollout.cc (whose helpers this file uses: DataTypeOf,
-// Gather, Scatter, Parallel, Buf, Out, QJ_BUF), then this file, then its QUADJAX_LOOP line.
+// LaneRows, Gather, Scatter, Parallel, Buf, Out, QJ_BUF), then this file, then its QUADJAX_LOOP line.
 //
 // Layouts (row-major, all of the float dtype; integers and flags as whole numbers):
 //   inputs  (Np, N_P)      Np = N or 1 (shared by every vehicle): what the tick reads and never
@@ -81,35 +81,24 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   Parallel<LoopBlock<K>>(pool, (n + W - 1) / W, n * num_ticks >= (int64_t{1} << 10), [&](LoopBlock<K>& B, int64_t b) {
     const int64_t v0 = b * W;
     const int count = static_cast<int>(std::min<int64_t>(W, n - v0));
-    int64_t lane[W];
-    const F* rows[W];
-    for (int j = 0; j < W; ++j) lane[j] = v0 + (j < count ? j : 0);  // spare lanes repeat v0: finite, discarded
-    for (int j = 0; j < W; ++j) rows[j] = P + lane[j] * p_stride;
-    Gather(B.p, rows, K::N_P);
-    for (int j = 0; j < W; ++j) rows[j] = X + lane[j] * K::N_X;
-    Gather(B.x, rows, K::N_X);
+    const LaneRows<W> own(v0, count);
+    Gather(B.p, P, LaneRows<W>(own, p_stride == 0), p_stride, K::N_P);
+    Gather(B.x, X, own, K::N_X, K::N_X);
     for (int i = 0; i < K::N_U; ++i) B.u[i] = V{};  // the spare
     K::prologue(B.p, B.H);
     for (int64_t t = 0, s = 0; t < num_ticks; ++t) {
       B.k[0] = V{} + static_cast<F>(t);  // whole numbers: exact below 2^24 (float32) ticks
       if (t == 0 || streamed)
-        for (int l = 0; l < NU; ++l) {
-          for (int j = 0; j < W; ++j) rows[j] = U[l] + lane[j] * u_stride[l] + t * t_stride[l];
-          Gather(B.u + u_at[l], rows, K::L_U[l]);
-        }
+        for (int l = 0; l < NU; ++l)
+          Gather(B.u + u_at[l], U[l] + t * t_stride[l], LaneRows<W>(own, u_stride[l] == 0), u_stride[l], K::L_U[l]);
       K::step(B.H, B.p, B.x, B.k, B.u, B.y);
       if (every && (t + 1) % every == 0) {
-        for (int l = 0; l < NY; ++l) {
-          F* out[W];
-          for (int j = 0; j < W; ++j) out[j] = Y[l] + (lane[j] * S + s) * K::L_Y[l];
-          Scatter(out, B.y + y_at[l], K::L_Y[l], count);
-        }
+        for (int l = 0; l < NY; ++l)
+          Scatter(Y[l] + s * K::L_Y[l], own, count, S * K::L_Y[l], B.y + y_at[l], K::L_Y[l]);
         ++s;
       }
     }
-    F* out[W];
-    for (int j = 0; j < W; ++j) out[j] = Xo + lane[j] * K::N_X;
-    Scatter(out, B.x, K::N_X, count);
+    Scatter(Xo, own, count, K::N_X, B.x, K::N_X);
   });
   return ffi::Error::Success();
 }

@@ -86,20 +86,15 @@ struct Broadcast {
 // A run of the state's leaves: `width` values per vehicle at `offset` in the kernel's state, read
 // from `in` (rows broadcast by `b`) and the final values written to `out`. The rollout passes the
 // packed state as one segment of rows (value i of row r at r * width + i); the step (a user's
-// rk4_step) passes each QuadState leaf vehicle-minor (at i * rows + r, `minor`), so that XLA
-// neither packs rows nor transposes around the call and a block's values are one vector load.
+// rk4_step) passes each QuadState leaf vehicle-minor (at i * rows + r), so that XLA neither packs
+// rows nor transposes around the call and a block's values are one vector load each.
 template <typename F>
 struct Segment {
   const F* in;
   F* out;
   int width, offset;
   Broadcast b;
-  bool minor = false;
-  int64_t in_rows = 0, out_rows = 0;  // minor: rows in `in` and in `out`
-  const F* row_in(int64_t r) const { return in + (minor ? r : r * width); }
-  F* row_out(int64_t v) const { return out + (minor ? v : v * width); }
-  int64_t in_step() const { return minor ? in_rows : 1; }
-  int64_t out_step() const { return minor ? out_rows : 1; }
+  int64_t in_row, in_value, out_row, out_value;  // value i of row r at in[r * in_row + i * in_value]; out alike
 };
 
 template <typename F>
@@ -122,100 +117,75 @@ struct Block {
   bool params_ready = false;  // p and H hold a shared parameter row
 };
 
-// The vectors x[0..n) from W consecutive values each: x[i] = base[i * step .. i * step + W).
-template <class V, typename F>
-inline void Load(V* x, const F* base, int n, int64_t step) {
-  for (int i = 0; i < n; ++i) std::memcpy(&x[i], base + i * step, sizeof(V));
-}
-
-// The vectors x[0..n) out to W consecutive values each.
-template <class V, typename F>
-inline void Store(F* base, const V* x, int n, int64_t step) {
-  for (int i = 0; i < n; ++i) std::memcpy(base + i * step, &x[i], sizeof(V));
-}
-
-// Whether the W lanes' rows are W consecutive values (then each x[i] is one vector load or store).
-template <typename P, int W>
-inline bool Consecutive(const P (&rows)[W]) {
-  bool yes = true;
-  for (int j = 1; j < W; ++j) yes &= rows[j] == rows[0] + j;
-  return yes;
-}
-
-// The vectors x[0..n) from W rows, one per lane: lane j of x[i] is rows[j][i * step]. Each vector
-// is assembled in registers and stored whole. (Storing lane by lane into memory and then loading
-// the vector defeats store-to-load forwarding: that way the gather and scatter of a one-step call
-// cost twice its step; benchmarks/step_call_overhead.py.)
-template <class V, typename F, int W>
-inline void Gather(V* x, const F* const (&rows)[W], int n, int64_t step = 1) {
-  if (Consecutive(rows)) return Load(x, rows[0], n, step);
-  bool shared = true;  // one row for every lane (shared params, a held wind): broadcast it
-  for (int j = 1; j < W; ++j) shared &= rows[j] == rows[0];
-  if (shared) {
-    for (int i = 0; i < n; ++i) x[i] = V{} + rows[0][i * step];
-    return;
-  }
-  for (int i = 0; i < n; ++i) {
-    V v;
-    for (int j = 0; j < W; ++j) v[j] = rows[j][i * step];
-    x[i] = v;
-  }
-}
-
-// The first `count` lanes of the vectors x[0..n) out to their rows: rows[j][i * step] is lane j of x[i].
-template <class V, typename F, int W>
-inline void Scatter(F* const (&rows)[W], const V* x, int n, int count, int64_t step = 1) {
-  if (count == W && Consecutive(rows)) return Store(rows[0], x, n, step);
-  for (int i = 0; i < n; ++i) {
-    const V v = x[i];
-    if (count == W)
-      for (int j = 0; j < W; ++j) rows[j][i * step] = v[j];
-    else
-      for (int j = 0; j < count; ++j) rows[j][i * step] = v[j];
-  }
-}
-
-// The vehicle of each lane of the block [v0, v0 + count) (count <= W; spare lanes repeat v0:
-// finite numbers, results discarded) and its rows in the per-tick series.
+// Where a block's lanes are in one input or output: lane j's row is row[j], decided once per block
+// by the input's broadcast. `shared`: one row for every lane (shared params, a held wind);
+// `consecutive`: the block's W vehicles in order (then, in vehicle-minor storage, each value of
+// the block is one vector load or store).
 template <int W>
-struct Lanes {
-  int64_t v[W], c[W], w[W], r[W];  // vehicle; its commands, wind and wrench rows
-  template <typename F>
-  Lanes(const Job<F>& job, int64_t v0, int count) {
-    for (int j = 0; j < W; ++j) v[j] = v0 + (j < count ? j : 0);
-    Rows(job.bc, c);
-    Rows(job.bw, w);
-    Rows(job.br, r);
+struct LaneRows {
+  int64_t row[W];
+  bool consecutive, shared;
+  // the block [v0, v0 + count) itself (count <= W; spare lanes repeat v0: finite, results discarded)
+  LaneRows(int64_t v0, int count) : consecutive(count == W), shared(false) {
+    for (int j = 0; j < W; ++j) row[j] = v0 + (j < count ? j : 0);
   }
-  void Rows(const Broadcast& b, int64_t (&row)[W]) const {  // the common cases without a branch per lane
-    if (b.same) {
-      std::copy_n(v, W, row);
-    } else if (b.shared) {
-      std::fill_n(row, W, 0);
-    } else {
-      for (int j = 0; j < W; ++j) row[j] = b.row(v[j]);
+  // the block's own rows, or row 0 for every lane
+  LaneRows(const LaneRows& own, bool one_row) : consecutive(own.consecutive && !one_row), shared(one_row) {
+    for (int j = 0; j < W; ++j) row[j] = one_row ? 0 : own.row[j];
+  }
+  // the rows of the block's vehicles in an input broadcast by `b`
+  LaneRows(const Broadcast& b, const LaneRows& own) : LaneRows(own, b.shared) {
+    if (!b.same && !b.shared) {
+      consecutive = false;
+      for (int j = 0; j < W; ++j) row[j] = b.row(own.row[j]);
     }
   }
+};
+
+// The vectors x[0..n) of the block: lane j of x[i] is src[at.row[j] * row_step + i * step]. Each
+// vector is assembled in registers and stored whole. (Storing lane by lane into memory and then
+// loading the vector defeats store-to-load forwarding: that way the gather and scatter of a
+// one-step call cost twice its step; benchmarks/README.md, 2026-12-04.)
+template <class V, typename F, int W>
+inline void Gather(V* x, const F* src, const LaneRows<W>& at, int64_t row_step, int n, int64_t step = 1) {
+  if (at.shared) {
+    for (int i = 0; i < n; ++i) x[i] = V{} + src[i * step];
+  } else if (at.consecutive && row_step == 1) {
+    for (int i = 0; i < n; ++i) std::memcpy(&x[i], src + at.row[0] + i * step, sizeof(V));
+  } else {
+    for (int i = 0; i < n; ++i) {
+      V v;
+      for (int j = 0; j < W; ++j) v[j] = src[at.row[j] * row_step + i * step];
+      x[i] = v;
+    }
+  }
+}
+
+// The first `count` lanes of the vectors x[0..n) out: lane j of x[i] to dst[at.row[j] * row_step + i * step].
+template <class V, typename F, int W>
+inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, const V* x, int n, int64_t step = 1) {
+  if (at.consecutive && row_step == 1) {
+    for (int i = 0; i < n; ++i) std::memcpy(dst + at.row[0] + i * step, &x[i], sizeof(V));
+    return;
+  }
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < count; ++j) dst[at.row[j] * row_step + i * step] = x[i][j];
+}
+
+// The block's lanes: their own rows (results) and their rows in the commands, wind and wrench.
+template <int W>
+struct Lanes {
+  LaneRows<W> own, c, w, r;
+  template <typename F>
+  Lanes(const Job<F>& job, int64_t v0, int count) : own(v0, count), c(job.bc, own), w(job.bw, own), r(job.br, own) {}
 };
 
 // Tick t's wind and wrench into the lanes; a series of length 1 is read only when `first`.
 template <class K, int W>
 void LoadSeries(const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t, bool first, typename K::V* wind,
                 typename K::V* ext) {
-  using F = typename K::F;
-  auto load = [&](typename K::V* x, const F* series, const Broadcast& b, int64_t Ts, const int64_t* row, int n) {
-    if (!first && Ts == 1) return;
-    const int64_t at = Ts > 1 ? t : 0;
-    if (b.shared) {  // one row for every vehicle (a held wind, no wrench): broadcast it
-      for (int i = 0; i < n; ++i) x[i] = typename K::V{} + series[at * n + i];
-      return;
-    }
-    const F* rows[W];
-    for (int j = 0; j < W; ++j) rows[j] = series + (row[j] * Ts + at) * n;
-    Gather(x, rows, n);
-  };
-  load(wind, job.wind, job.bw, job.Tw, lanes.w, K::N_Wd);
-  load(ext, job.wrench, job.br, job.Tr, lanes.r, K::N_E);
+  if (first || job.Tw > 1) Gather(wind, job.wind + (job.Tw > 1 ? t : 0) * K::N_Wd, lanes.w, job.Tw * K::N_Wd, K::N_Wd);
+  if (first || job.Tr > 1) Gather(ext, job.wrench + (job.Tr > 1 ? t : 0) * K::N_E, lanes.r, job.Tr * K::N_E, K::N_E);
 }
 
 // Run vehicles [v0, v0 + count) (count <= W) through the whole horizon.
@@ -227,22 +197,9 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
   // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
   // closed-loop tick, are otherwise dominated by this transposition and the prologue)
   const bool reuse = job.bp.shared && B.params_ready;
-  const F* rows[W];
-  if (!reuse) {
-    for (int j = 0; j < W; ++j) rows[j] = job.params + job.bp.row(lanes.v[j]) * NP;
-    Gather(B.p, rows, NP);
-  }
-  // a whole block of vehicle-minor values, one row each: no per-lane bookkeeping (it would cost
-  // as much as the step's arithmetic in a one-step call)
-  const bool whole = count == W;
-  for (const auto& seg : job.state) {
-    if (whole && seg.minor && seg.b.same) {
-      Load(B.s + seg.offset, seg.in + v0, seg.width, seg.in_rows);
-      continue;
-    }
-    for (int j = 0; j < W; ++j) rows[j] = seg.row_in(seg.b.row(lanes.v[j]));
-    Gather(B.s + seg.offset, rows, seg.width, seg.in_step());
-  }
+  if (!reuse) Gather(B.p, job.params, LaneRows<W>(job.bp, lanes.own), NP, NP);
+  for (const auto& seg : job.state)
+    Gather(B.s + seg.offset, seg.in, LaneRows<W>(seg.b, lanes.own), seg.in_row, seg.width, seg.in_value);
   if (!reuse) K::prologue(B.p, B.H);
   B.params_ready = job.bp.shared;
   const int64_t T = job.T;
@@ -250,12 +207,7 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
     // stage the block's next commands lane-major: each vehicle's rows are read as one sequential
     // stream instead of one strided line per vehicle per tick
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    if (whole && job.c_row == 1 && job.bc.same) {
-      Load(&B.staged[0][0], job.commands + v0 + t0 * R * job.c_value, len * R, job.c_value);
-    } else {
-      for (int j = 0; j < W; ++j) rows[j] = job.commands + lanes.c[j] * job.c_row + t0 * R * job.c_value;
-      Gather(&B.staged[0][0], rows, len * R, job.c_value);
-    }
+    Gather(&B.staged[0][0], job.commands + t0 * R * job.c_value, lanes.c, job.c_row, len * R, job.c_value);
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
       for (int r = 0; r < R; ++r) B.u[r] = B.staged[tt][r];
@@ -263,21 +215,12 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       for (int64_t sub = 0; sub < job.substeps; ++sub) K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
-        F* out[W];
-        for (int j = 0; j < W; ++j) out[j] = job.saved + (lanes.v[j] * slots + slot) * NS;
-        Scatter(out, B.s, NS, count);
+        Scatter(job.saved + slot * NS, lanes.own, count, slots * NS, B.s, NS);
       }
     }
   }
-  for (const auto& seg : job.state) {
-    if (whole && seg.minor) {
-      Store(seg.out + v0, B.s + seg.offset, seg.width, seg.out_rows);
-      continue;
-    }
-    F* out[W];
-    for (int j = 0; j < W; ++j) out[j] = seg.row_out(lanes.v[j]);
-    Scatter(out, B.s + seg.offset, seg.width, count, seg.out_step());
-  }
+  for (const auto& seg : job.state)
+    Scatter(seg.out, lanes.own, count, seg.out_row, B.s + seg.offset, seg.width, seg.out_value);
 }
 
 // Blocks handed out to the calling thread and to helpers on XLA's intra-op pool. The caller
@@ -383,7 +326,8 @@ ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
     return ffi::Error::InvalidArgument("quadjax native: bad state width");
   ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
   Job<F> job{};
-  job.state.push_back({state.typed_data(), final_state->typed_data(), K::N_S, 0, Broadcast(batch, state.dimensions(), 1)});
+  job.state.push_back({state.typed_data(), final_state->typed_data(), K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
+                       K::N_S, 1, K::N_S, 1});
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (substeps < 1 || save_every < 0 || (save_every > 0 && job.T % save_every != 0))
     return ffi::Error::InvalidArgument("quadjax native: bad substeps or save_every");
@@ -425,11 +369,8 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
     if ((core && idims.back() != K::L_S[l]) || odims.size() != batch.size() + core ||
         Count(odims) != n * K::L_S[l])
       return ffi::Error::InvalidArgument("quadjax native: bad state leaf shape");
-    Segment<F> seg{in[l]->typed_data(), (*out[l])->typed_data(), K::L_S[l], offset, Broadcast(batch, idims, core)};
-    seg.minor = true;
-    seg.in_rows = Count(idims) / K::L_S[l];
-    seg.out_rows = n;
-    job.state.push_back(seg);
+    job.state.push_back({in[l]->typed_data(), (*out[l])->typed_data(), K::L_S[l], offset, Broadcast(batch, idims, core),
+                         1, Count(idims) / K::L_S[l], 1, n});
   }
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
@@ -484,18 +425,13 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   const int64_t T = f.T, sub = f.substeps, slots = f.save_every ? T / f.save_every : 0;
   const Lanes<W> lanes(f, v0, count);
   const auto& seg0 = f.state[0];
-  const F* rows[W];
-  for (int j = 0; j < W; ++j) rows[j] = f.params + f.bp.row(lanes.v[j]) * NP;
-  Gather(B.p, rows, NP);
-  for (int j = 0; j < W; ++j) rows[j] = seg0.in + seg0.b.row(lanes.v[j]) * NS;
-  Gather(B.s, rows, NS);
+  Gather(B.p, f.params, LaneRows<W>(f.bp, lanes.own), NP, NP);
+  Gather(B.s, seg0.in, LaneRows<W>(seg0.b, lanes.own), NS, NS);
   K::prologue(B.p, B.H);
   A::prologue(B.p, B.HA);
   LoadSeries<K>(f, lanes, 0, true, B.wind, B.ext);  // held series: read once
   auto load_inputs = [&](int64_t t) {
-    const F* command[W];
-    for (int j = 0; j < W; ++j) command[j] = f.commands + (lanes.c[j] * T + t) * R;
-    Gather(B.u, command, R);
+    Gather(B.u, f.commands + t * R, lanes.c, f.c_row, R);
     LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
   };
   // segments of L ticks: the trail holds L * substeps states
@@ -515,8 +451,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   };
   if (segments > 1) forward(0, T, false);  // the checkpoints (one segment: its trail, below)
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
-  for (int j = 0; j < W; ++j) rows[j] = job.ct_final + job.bf.row(lanes.v[j]) * NS;
-  Gather(B.c, rows, NS);
+  Gather(B.c, job.ct_final, LaneRows<W>(job.bf, lanes.own), NS, NS);
   for (int64_t seg = segments - 1; seg >= 0; --seg) {
     const int64_t t0 = seg * L, t1 = std::min(T, t0 + L);
     if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
@@ -566,7 +501,8 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   job.bf = Broadcast(batch, ct_final.dimensions(), 1);
   job.bs = Broadcast(batch, ct_saved.dimensions(), 2);
   if (!job.bf.ok || !job.bs.ok) return ffi::Error::InvalidArgument("quadjax native adjoint: cotangent shapes do not broadcast");
-  job.fwd.state.push_back({state.typed_data(), nullptr, K::N_S, 0, Broadcast(batch, state.dimensions(), 1)});
+  job.fwd.state.push_back({state.typed_data(), nullptr, K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
+                           K::N_S, 1, K::N_S, 1});
   if (ffi::Error e = Prepare<K>(job.fwd, batch, params, commands, wind, wrench); e.failure()) return e;
   if (substeps < 1 || save_every < 0 || (save_every > 0 && job.fwd.T % save_every != 0))
     return ffi::Error::InvalidArgument("quadjax native adjoint: bad substeps or save_every");
