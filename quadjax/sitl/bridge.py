@@ -4,8 +4,8 @@ Each step of ``dt`` = 125 µs (the FC's gyro and PID period, :data:`~quadjax.sit
 
 1. the bridge sends the RC channels, then the vehicle's state (an FDM packet) stamped t + dt;
 2. the FC (the patched lockstep build, :mod:`quadjax.sitl.firmware`) sets its clock to that
-   timestamp, samples its gyro once, runs its PID loop once and sends its four motor outputs;
-   the bridge waits for them;
+   timestamp, samples its gyro once, runs its PID loop once and sends its four motor outputs,
+   stamped t + dt; the bridge waits for them;
 3. the outputs become rotor-speed commands through the throttle curve, and the model steps
    ``rk4_step`` over dt: the state at t + dt.
 
@@ -13,10 +13,10 @@ Neither side moves without the other: the FC's clock is the simulation's, so a f
 depend on the host's speed or load. The RC channels ride in lockstep too: the FC's RC thread stages
 each packet and the state packet of the same timestamp hands it to the FC (the patch), so a stick
 change reaches the PID loop at its step however late the RC thread runs. The FC answers only once
-its main loop has run every task due in the step, so the next packet never moves its clock in the
-middle of a task; its gyro grid is the packets' and its clock starts at the first stamp plus whole
-seconds. Two runs of one script are the same flight bit for bit, whatever the host's load
-(``tests/test_sitl.py``).
+its main loop has run every task due in the step, and its main loop, not the thread that receives
+the packets, applies the next packet, right after answering; its gyro grid is the packets' and its
+clock starts at the first stamp plus whole seconds. Two runs of one script are the same flight bit
+for bit, whatever the host's load and however many packets are sent twice (``tests/test_sitl.py``).
 
 Conventions (the FC's side read from the firmware's ``src/platform/SIMULATOR/sitl.c``):
 
@@ -66,8 +66,9 @@ HOME = (8.5417, 47.3769, 408.0)
 FDM = struct.Struct("<d3d3d4d3d3dd")
 #: the RC packet: timestamp and 16 channels [µs]
 RC = struct.Struct("<d16H")
-#: the motor packet: 4 floats in [0, 1]
-MOTORS = struct.Struct("<4f")
+#: the motor packet: 4 floats in [0, 1], then the timestamp of the state packet it answers (the
+#: lockstep patch appends it, so an answer sent twice is never taken for the next step's)
+MOTORS = struct.Struct("<4fd")
 DT = 1.0 / PID_RATE_HZ
 #: how long the booted FC is fed the resting state before the flight [s of its clock] (:func:`warm_up`)
 WARMUP_S = 0.6
@@ -154,8 +155,8 @@ class Link:
         self.out.sendto(struct.pack("<d", t) + fdm[8:], (HOST, PORTS["state"]))
 
     def drain(self) -> list:
-        """Every motor packet waiting, unpacked; a packet of the wrong size or with values
-        outside [0, 1] or non-finite is a SitlError naming it."""
+        """Every motor packet waiting, as (outputs (4,), the timestamp it answers); a packet of
+        the wrong size or with values outside [0, 1] or non-finite is a SitlError naming it."""
         got = []
         while True:
             try:
@@ -164,10 +165,10 @@ class Link:
                 return got
             if len(data) < MOTORS.size:
                 raise SitlError(f"a motor packet of {len(data)} bytes from the SITL (expected ≥ {MOTORS.size})")
-            out = MOTORS.unpack_from(data)
+            *out, stamp = MOTORS.unpack_from(data)
             if not all(np.isfinite(out)) or min(out) < -1e-6 or max(out) > 1 + 1e-6:
-                raise SitlError(f"a motor packet with outputs {out} outside [0, 1] from the SITL")
-            got.append(out)
+                raise SitlError(f"a motor packet with outputs {tuple(out)} outside [0, 1] from the SITL")
+            got.append((tuple(out), stamp))
 
     def idle(self, seconds: float) -> None:
         """Packets of a vehicle at rest (:func:`rest_packet`) at real time for ``seconds``, one a
@@ -182,21 +183,25 @@ class Link:
             while time.perf_counter() < start + n * 1e-3:
                 pass
 
-    def exchange(self, fdm: bytes, *, resend_after: float = 0.05, give_up_after: float = 5.0, alive=None):
-        """Lockstep: send ``fdm`` stamped t + DT and wait for the FC's motor packet, which the
-        FC sends once it has run everything due in the period (the patch). Without an answer
-        after ``resend_after`` s, send the same packet again (a datagram lost on the loopback;
-        the FC takes a copy of its last packet as no news). A SitlError after ``give_up_after`` s
-        without an answer. Returns (outputs (4,), re-sends)."""
+    #: how long :meth:`exchange` waits for the FC's answer before sending its packets again [s]
+    resend_after = 0.05
+
+    def exchange(self, fdm: bytes, *, give_up_after: float = 5.0, alive=None):
+        """Lockstep: send ``fdm`` stamped t + DT and wait for the FC's motor packet answering
+        it (stamped t + DT), which the FC sends once it has run everything due in the period
+        (the patch). Without it after :attr:`resend_after` s, send the same packets again (a
+        datagram lost on the loopback, or a late FC: the FC answers a state it already holds
+        again, and any answer with another stamp is dropped). A SitlError after
+        ``give_up_after`` s without it. Returns (outputs (4,), re-sends)."""
         self.t += DT
         start, resends = time.perf_counter(), 0
         while True:
             self.send(self.t, fdm)
-            ready, _, _ = select.select([self.motors], [], [], resend_after)
-            if ready:
-                got = self.drain()
-                if got:
-                    return got[-1], resends
+            deadline = time.perf_counter() + self.resend_after
+            while (wait := deadline - time.perf_counter()) > 0 and select.select([self.motors], [], [], wait)[0]:
+                for out, stamp in self.drain():
+                    if stamp == self.t:
+                        return out, resends
             resends += 1
             if alive is not None and not alive():
                 raise SitlError("the SITL process exited during the flight")
@@ -320,9 +325,10 @@ def warm_up(link: Link, fdm: bytes, seconds: float = WARMUP_S) -> None:
     :data:`~quadjax.sitl.firmware.SETTINGS`; a packet is a sample). (The FC's CLI could say when
     it is ready, but entering the CLI disables arming until a reboot.)
 
-    The first packet only switches the FC to its packet clock, at its boot clock's time; it goes
-    out unanswered, and the next finds the gyro task overdue and runs it (the patched scheduler),
-    which locks the task's schedule to the packets."""
+    The first packet switches the FC to its packet clock, a whole number of seconds past its boot
+    clock; the jump makes the gyro task overdue, which runs at once (the patched scheduler) and
+    locks the task's schedule to the packets. It is not waited for (the FC may not answer a
+    packet that comes while it boots); an answer to it that comes late is dropped by its stamp."""
     link.send(link.t, fdm)
     time.sleep(0.005)
     link.drain()

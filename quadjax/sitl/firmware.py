@@ -18,10 +18,16 @@ packet, whatever the host's load; it drops the stock 500 ms "simulator lost" bra
 answered a late packet with the previous motor outputs without using it; its scheduler runs
 an overdue gyro task at once instead of waiting for a grid point that a clock moving in whole
 periods steps over; the FC sends its motor packet only when its main loop has nothing left to run
-in the step, so what it runs per step does not depend on when the host's next packet lands
-(before that, two runs of one script flew 3 cm apart and a loaded host delayed a disarm by over
-50 ms); and it arms without waiting for the barometer's calibration (more than 10 s
-of the FC's clock, which angle and rate modes do not need).
+in the step (before that, two runs of one script flew 3 cm apart and a loaded host delayed a
+disarm by over 50 ms); its state thread only stages each packet, and the main loop applies it
+right after sending that answer, between two scheduler passes, so the clock, the sensors and the
+RC channels change at one point of the FC's own sequence (before that, a packet could land in the
+middle of a pass, after as many idle passes as the host took, which the scheduler counts, and an
+RC packet 0.2 s late was given up on; one CI run's flight under load left the same flight idle at
+0.84 s); each answer carries the
+timestamp of the state it answers, and a state sent again is answered again, so a late or lost
+datagram neither stalls nor shifts the flight; and it arms without waiting for the barometer's
+calibration (more than 10 s of the FC's clock, which angle and rate modes do not need).
 
 The SITL's ports are fixed in its source: UDP 9003 (state in), 9004 (RC in), 9002 and 9001
 (motors out), TCP 5761 (UART1: MSP and the CLI). It binds 9003, 9004 and 5761 on every
@@ -53,11 +59,13 @@ FIRMWARE_VERSION = "4.6.0"
 LOCKSTEP_FLAGS = "-DSIMULATOR_GYROPID_SYNC"
 #: the virtual gyro's rate, and the PID loop's (pid_process_denom 1): one packet, one loop
 PID_RATE_HZ = 8000
-#: file → (anchor, replacement) edits: the FC's clock from the packets, and each RC packet handed
-#: to the FC with the state packet of its timestamp, not whenever its thread runs, and the motor
-#: packet held until the main loop is idle (sitl.c); arming without waiting for the barometer's
-#: calibration (core.c); a scheduler that runs an overdue gyro task at once and reports its idle
-#: passes (scheduler.c); and a main loop that pauses only on those (main.c)
+#: file → (anchor, replacement) edits. sitl.c: the state thread only stages each state packet and
+#: the main loop applies it between two scheduler passes, right after sending the previous step's
+#: motor packet (stamped with the step it answers), so the FC's clock, sensors and RC channels
+#: change at one point of its own sequence; the clock is the packets' timestamps. core.c: arming
+#: without waiting for the barometer's calibration. scheduler.c: an overdue gyro task runs at
+#: once; idle passes are reported. main.c: the main loop pauses only on an idle pass that applied
+#: no packet.
 LOCKSTEP_PATCH = {
     "src/platform/SIMULATOR/sitl.c": (
         ("static bool fdm_received = false;\n",
@@ -70,29 +78,50 @@ LOCKSTEP_PATCH = {
          "   timestamp hands it to the FC, so a stick change reaches the PID loop at its step */\n"
          "static rc_packet rcStaged;\n"
          "static pthread_mutex_t rcLock = PTHREAD_MUTEX_INITIALIZER;\n"
-         "/* quadjax lockstep: the motor packet of this period, held until the main loop is idle */\n"
+         "/* quadjax lockstep: the state thread only stages the newest state packet; the main loop\n"
+         "   applies it (updateState) in lockstepSchedulerTick, between two scheduler passes. Nothing\n"
+         "   the FC does then depends on when the host's packet lands: not the clock in the middle of\n"
+         "   a pass, nor how many idle passes (the scheduler counts them) ran before it */\n"
+         "static fdm_packet lockstepPending;\n"
+         "static bool lockstepHasPending = false;\n"
+         "static pthread_mutex_t lockstepLock = PTHREAD_MUTEX_INITIALIZER;\n"
+         "static pthread_cond_t lockstepArrived = PTHREAD_COND_INITIALIZER;\n"
+         "static double lockstepAppliedStamp = -1.0;  /* the timestamp of the state the FC holds */\n"
+         "/* quadjax lockstep: the motor packet of this period, held until the main loop is idle and\n"
+         "   then sent with the timestamp of the state packet it answers; the main loop then waits\n"
+         "   for the next state packet */\n"
          "static bool lockstepMotorsStaged = false;\n"
-         "static int lockstepBusyCalls = 0;\n"),
+         "static bool lockstepAwaiting = false;\n"
+         "static int lockstepBusyCalls = 0;\n"
+         "static unsigned char lockstepAnswer[sizeof(servo_packet) + sizeof(double)];\n"
+         "static void lockstepStage(const fdm_packet *pkt)\n"
+         "{\n"
+         "    pthread_mutex_lock(&lockstepLock);\n"
+         "    if (!lockstepHasPending || pkt->timestamp >= lockstepPending.timestamp) lockstepPending = *pkt;\n"
+         "    lockstepHasPending = true;\n"
+         "    pthread_cond_signal(&lockstepArrived);\n"
+         "    pthread_mutex_unlock(&lockstepLock);\n"
+         "}\n"),
         ("    if (realtime_now > last_realtime + 500*1e3) { // 500ms timeout",
          "    if (0 && realtime_now > last_realtime + 500*1e3) { // quadjax lockstep: no 'simulator lost' branch"),
         ("    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)",
          "    if (rc_received) {  // quadjax lockstep: the RC packet sent before this state packet (same timestamp)\n"
-         "        const uint64_t giveUpUs = micros64_real() + 200000;  // a lost RC packet: the last one after 0.2 s\n"
-         "        for (bool here = false; !here;) {\n"
+         "        for (long waited = 1;; waited++) {  // the host sends both again when its answer is late\n"
          "            pthread_mutex_lock(&rcLock);\n"
-         "            here = rcStaged.timestamp >= pkt->timestamp || micros64_real() > giveUpUs;\n"
+         "            const bool here = rcStaged.timestamp >= pkt->timestamp;\n"
          "            if (here) rcPkt = rcStaged;\n"
          "            pthread_mutex_unlock(&rcLock);\n"
-         "            if (!here) { struct timespec pause = {0, 20000}; nanosleep(&pause, NULL); }\n"
+         "            if (here) break;\n"
+         "            if (waited % 50000 == 0) printf(\"[SITL] quadjax lockstep: no RC packet for t = %f yet\\n\", pkt->timestamp);\n"
+         "            struct timespec pause = {0, 20000};\n"
+         "            nanosleep(&pause, NULL);\n"
          "        }\n"
          "    }\n"
          "    pthread_mutex_unlock(&updateLock); // can send PWM output now\n\n#if defined(SIMULATOR_GYROPID_SYNC)"),
         ("    pthread_mutex_unlock(&mainLoopLock); // can run main loop\n#endif\n}\n",
          "    pthread_mutex_unlock(&mainLoopLock); // can run main loop\n#endif\n"
          "    {   // quadjax lockstep: the clock moves last, once the sensors hold this packet's values and\n"
-         "        // the locks are open: the main loop runs the PID loop as soon as the clock moves, and a\n"
-         "        // lock still shut would make it skip this period's motor packet (the bridge then waits)\n"
-         "        // the time is published before the offset that switches the clock over (release/acquire)\n"
+         "        // the locks are open (a lock still shut would make the PID loop skip its motor packet)\n"
          "        const int64_t stamp = (int64_t)(pkt->timestamp * 1e9 + 0.5);  // rounded: 375 µs, not 374.999\n"
          "        static int64_t offset = -1;\n"
          "        // the first packet: the clock jumps to the stamp plus a whole number of seconds, one to two\n"
@@ -103,8 +132,10 @@ LOCKSTEP_PATCH = {
          "        __atomic_store_n(&lockstepOffsetNs, offset, __ATOMIC_RELEASE);\n"
          "    }\n"
          "}\n"),
+        ("            updateState(&fdmPkt);\n",
+         "            lockstepStage(&fdmPkt);  // quadjax lockstep: the main loop applies it (lockstepSchedulerTick)\n"),
         ("    return rcPkt.channels[channel];\n",
-         "    pthread_mutex_lock(&rcLock);  // quadjax lockstep: the state thread may be handing over a packet\n"
+         "    pthread_mutex_lock(&rcLock);  // quadjax lockstep: the RC thread may be handing over its first packet\n"
          "    const float value = rcPkt.channels[channel];\n"
          "    pthread_mutex_unlock(&rcLock);\n"
          "    return value;\n"),
@@ -133,19 +164,46 @@ LOCKSTEP_PATCH = {
          "    if (pthread_mutex_trylock(&updateLock) != 0) return;\n"
          "    lockstepMotorsStaged = true;  // quadjax lockstep: sent by lockstepSchedulerTick\n"
          "    lockstepBusyCalls = 0;\n}\n\n"
-         "/* quadjax lockstep: called after each scheduler pass (main.c; idle: it ran no task) and while\n"
-         "   the scheduler waits for the clock (idle). The staged motor packet goes out once the main\n"
-         "   loop has nothing left to run in this period, so the\n"
-         "   bridge's next state packet, which moves the clock, never lands while a task runs: what the\n"
-         "   FC does per period does not depend on the host's speed or load. A task ready on every pass\n"
-         "   (none is in this build) would hold the packet for LOCKSTEP_BUSY_PASSES passes at most, and says so. */\n"
+         "/* quadjax lockstep: called by the main loop after each scheduler pass (idle: it ran no task)\n"
+         "   and while the scheduler waits for the clock (idle). On an idle call the staged motor packet\n"
+         "   goes out, stamped with the state it answers, and the main loop waits here for the next\n"
+         "   state packet and applies it: true when it did. A state packet the FC already holds (the\n"
+         "   host sent it again: its answer was late or lost) is answered again; the host keeps the\n"
+         "   answer whose stamp is its step's. Before the first packet, on the wall clock, a waiting\n"
+         "   packet is applied at an idle call. A task ready on every pass (none is in this build)\n"
+         "   would hold the motor packet for LOCKSTEP_BUSY_PASSES passes at most, and says so. */\n"
          "#define LOCKSTEP_BUSY_PASSES 1000\n"
-         "void lockstepSchedulerTick(bool idle)\n{\n"
-         "    if (!lockstepMotorsStaged || (!idle && ++lockstepBusyCalls < LOCKSTEP_BUSY_PASSES)) return;\n"
-         "    if (!idle) printf(\"[SITL] quadjax lockstep: a motor packet sent after %d busy passes\\n\", LOCKSTEP_BUSY_PASSES);\n"
-         "    lockstepMotorsStaged = false;\n"
-         "    udpSend(&pwmLink, &pwmPkt, sizeof(servo_packet));\n"
-         "    udpSend(&pwmRawLink, &pwmRawPkt, sizeof(servo_packet_raw));\n}\n"),
+         "bool lockstepSchedulerTick(bool idle)\n{\n"
+         "    if (lockstepMotorsStaged && (idle || ++lockstepBusyCalls >= LOCKSTEP_BUSY_PASSES)) {\n"
+         "        if (!idle) printf(\"[SITL] quadjax lockstep: a motor packet sent after %d busy passes\\n\", LOCKSTEP_BUSY_PASSES);\n"
+         "        lockstepMotorsStaged = false;\n"
+         "        memcpy(lockstepAnswer, &pwmPkt, sizeof(servo_packet));\n"
+         "        memcpy(lockstepAnswer + sizeof(servo_packet), &lockstepAppliedStamp, sizeof(double));\n"
+         "        udpSend(&pwmLink, lockstepAnswer, sizeof(lockstepAnswer));\n"
+         "        udpSend(&pwmRawLink, &pwmRawPkt, sizeof(servo_packet_raw));\n"
+         "        lockstepAwaiting = true;\n"
+         "    }\n"
+         "    if (!idle) return false;\n"
+         "    fdm_packet next;\n"
+         "    pthread_mutex_lock(&lockstepLock);\n"
+         "    for (;;) {\n"
+         "        if (lockstepHasPending) {\n"
+         "            lockstepHasPending = false;\n"
+         "            if (lockstepPending.timestamp > lockstepAppliedStamp) { next = lockstepPending; break; }\n"
+         "            if (lockstepAwaiting && lockstepPending.timestamp == lockstepAppliedStamp)\n"
+         "                udpSend(&pwmLink, lockstepAnswer, sizeof(lockstepAnswer));\n"
+         "        } else if (lockstepAwaiting) {\n"
+         "            pthread_cond_wait(&lockstepArrived, &lockstepLock);\n"
+         "        } else {\n"
+         "            pthread_mutex_unlock(&lockstepLock);\n"
+         "            return false;\n"
+         "        }\n"
+         "    }\n"
+         "    pthread_mutex_unlock(&lockstepLock);\n"
+         "    lockstepAwaiting = false;\n"
+         "    lockstepAppliedStamp = next.timestamp;\n"
+         "    updateState(&next);\n"
+         "    return true;\n}\n"),
     ),
     # Betaflight refuses to arm until its barometer is calibrated: 10 s after boot, then 100
     # readings of a low-priority task that a clock moving in whole gyro periods seldom runs (a
@@ -163,7 +221,7 @@ LOCKSTEP_PATCH = {
     # The scheduler also notes whether a pass ran a task, and waiting for the clock is idle.
     "src/main/scheduler/scheduler.c": (
         ("FAST_CODE timeUs_t schedulerExecuteTask(task_t *selectedTask, timeUs_t currentTimeUs)\n{\n",
-         "void lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
+         "bool lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
          "bool lockstepTaskRan = false;  // quadjax lockstep: this pass ran a task (main.c clears it)\n\n"
          "FAST_CODE timeUs_t schedulerExecuteTask(task_t *selectedTask, timeUs_t currentTimeUs)\n{\n"
          "    lockstepTaskRan = true;  // quadjax lockstep\n"),
@@ -173,17 +231,17 @@ LOCKSTEP_PATCH = {
         ("            nextTargetCycles += desiredPeriodCycles * (1 + (schedLoopRemainingCycles / -desiredPeriodCycles));",
          "            nextTargetCycles = nowCycles;  // quadjax lockstep: run the overdue task now; its grid is the packets'"),
     ),
-    # After each scheduler pass the main loop hands the pass's idleness to the motor packet staged
-    # by the PID loop (sitl.c: the first idle pass sends it), and pauses only after an idle pass.
+    # After each scheduler pass the main loop hands the pass's idleness to lockstepSchedulerTick
+    # (sitl.c: the first idle pass sends the staged motor packet and applies the next state
+    # packet), and pauses only after an idle pass that applied none.
     "src/main/main.c": (
         ("        scheduler();\n#ifdef SIMULATOR_BUILD\n        delayMicroseconds_real(50); // max rate 20kHz\n",
          "        scheduler();\n#ifdef SIMULATOR_BUILD\n"
          "        extern bool lockstepTaskRan;  // quadjax lockstep (scheduler.c)\n"
-         "        extern void lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
+         "        extern bool lockstepSchedulerTick(bool idle);  // quadjax lockstep (sitl.c)\n"
          "        const bool idle = !lockstepTaskRan;\n"
          "        lockstepTaskRan = false;\n"
-         "        lockstepSchedulerTick(idle);\n"
-         "        if (idle) delayMicroseconds_real(50); // max rate 20kHz\n"),
+         "        if (!lockstepSchedulerTick(idle) && idle) delayMicroseconds_real(50); // max rate 20kHz\n"),
     ),
 }
 
