@@ -10,6 +10,7 @@ like with the single-threaded C reference (``../shared/perf``, built with ``-ffa
 fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
 
 * ``rollout``: ``simulate`` batched by ``map_vehicles`` (the kernel's whole horizon in one call);
+  and the same with every state saved (``save_every=1``: 295 MB of trajectory at N = 4096);
 * ``scan(vmap(rk4_step))``: a user's own loop over the library's step (one kernel call per
   step on the CPU), and the same loop over the XLA form of the step;
 * ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode with one
@@ -52,10 +53,12 @@ def worker(case: dict) -> dict:
     s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
     u = qj.hover_rotor_speed(p) * jnp.full((N, T, 4), 1.01, jnp.float32)
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), s0)
-    config = qj.SimConfig(save_every=0, backend="xla" if kind == "grad_xla" else "native")
+    config = qj.SimConfig(save_every=1 if kind == "rollout_saved" else 0,
+                          backend="xla" if kind == "grad_xla" else "native")
 
     def rollout(u):
-        return qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,)).final
+        tr = qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,))
+        return tr.states if kind == "rollout_saved" else tr.final
 
     def scan_of(step):
         def fly(u):
@@ -68,7 +71,7 @@ def worker(case: dict) -> dict:
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
     direction = jnp.ones_like(u)
-    fn = {"rollout": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
+    fn = {"rollout": rollout, "rollout_saved": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,))}[kind]
     f = jax.jit(fn)
@@ -118,6 +121,7 @@ def main():
     cases = {
         "rollout N=4096, 1 core": dict(kind="rollout", N=4096, T=1000, one_core=True),
         "rollout N=4096, 2 threads": dict(kind="rollout", N=4096, T=1000),
+        "rollout N=4096, 2 threads, every state saved": dict(kind="rollout_saved", N=4096, T=1000),
         "rollout N=1": dict(kind="rollout", N=1, T=20000),
         "scan(vmap(rk4_step)) N=4096, kernel": dict(kind="scan_kernel", N=4096, T=500),
         "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
@@ -144,7 +148,9 @@ def main():
         if "error" in row:
             lines.append(f"| {name} | error: {row['error'][-120:]} | | |")
             continue
-        if name.startswith("rollout N=4096") and ref:
+        if name.endswith("every state saved") and "error" not in base:
+            ratio = f"{row['wall_ns'] / base['wall_ns']:.2f}x the final-state rollout (wall)"
+        elif name.startswith("rollout N=4096") and ref:
             ratio = f"{row['cpu_ns'] / ref:.2f}x the C reference (CPU)"
         elif name.startswith("scan(") and "error" not in base:
             ratio = f"{row['wall_ns'] / base['wall_ns']:.2f}x rollout (wall)"

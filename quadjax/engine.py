@@ -848,9 +848,9 @@ def _open_loop(params, state0, commands, dt, wind, wrench, config, on_native):
 def _open_loop_kernel(params, state0, commands, dt, wind, wrench, config):
     """The open loop in one kernel call (C on the CPU, Pallas on a GPU), on unpacked states."""
     R = commands.shape[1]
-    final, saved = native.rollout(params, native.pack_state(state0), commands, dt, wind, wrench,
-                                  substeps=config.substeps, save_every=config.save_every)
-    return native.unpack_state(final, R), None if saved is None else native.unpack_state(saved, R)
+    final, saved = native.rollout_states(params, native.pack_state(state0), commands, dt, wind, wrench,
+                                         substeps=config.substeps, save_every=config.save_every)
+    return native.unpack_state(final, R), saved
 
 
 def _open_loop_gpu(params, state0, commands, dt, wind, wrench, config):

@@ -211,6 +211,45 @@ def test_a_vehicle_gets_the_same_bits_in_any_batch_and_a_bad_one_spoils_nothing_
     leaves_equal(jax.tree_util.tree_map(lambda x: x[ok], bad), jax.tree_util.tree_map(lambda x: x[ok], full))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_saved_states_are_written_leaf_by_leaf_with_the_packed_rows_bits(dtype):
+    """The engine's saved trajectory comes from the kernel's leaves entry (one result per
+    QuadState leaf: no split of packed rows afterwards). Each leaf equals, bit for bit, the packed
+    rollout's rows unpacked, for per-vehicle and shared params, nested vmaps, wind and wrench
+    series, substeps and save_every > 1; a planted swap of two leaves' offsets would fail it."""
+    R, N, T = 4, 11, 12
+    fleet = varied_fleet(R, N, dtype, 21)
+    stack = lambda xs: jax.tree_util.tree_map(lambda *v: jnp.stack(v), *xs)  # noqa: E731
+    ps, ss, us, _ = (stack([v[k] for v in fleet]) for k in range(4))
+    rng = np.random.default_rng(3)
+    u = jnp.asarray(np.asarray(us)[:, None, :] * rng.uniform(0.97, 1.03, (N, T, R)), dtype)
+    wind = jnp.asarray(rng.normal(0, 2, (N, T, 3)), dtype)
+    wrench = jnp.asarray(rng.normal(0, 1e-3, (N, T, 6)), dtype)
+    x0 = quadjax.native.pack_state(ss)
+
+    def both(p, x, uu, w, e):
+        kw = dict(substeps=2, save_every=3)
+        packed = quadjax.native.rollout(p, x, uu, 0.01, w, e, **kw)
+        leaves = quadjax.native.rollout_states(p, x, uu, 0.01, w, e, **kw)
+        return packed, leaves
+
+    for params_axis in (0, None):
+        p = ps if params_axis == 0 else jax.tree_util.tree_map(lambda x: x[0], ps)
+        run = jax.jit(jax.vmap(both, in_axes=(params_axis, 0, 0, 0, 0)))
+        hlo = run.lower(p, x0, u, wind, wrench).as_text()
+        assert "quadjax_leaves_" in hlo
+        (final_p, saved_p), (final_l, saved_l) = run(p, x0, u, wind, wrench)
+        assert saved_l.position.shape == (N, T // 3, 3) and saved_l.energy.shape == (N, T // 3)
+        leaves_equal(saved_l, quadjax.native.unpack_state(saved_p, R))
+        np.testing.assert_array_equal(final_l, final_p)
+    # a 2-level vmap (3 parameter sets x N vehicles) keeps each vehicle's bits
+    sets = jax.tree_util.tree_map(lambda x: jnp.stack([x[0]] * 3), ps).replace(k_f=ps.k_f[:3])
+    grid = jax.jit(jax.vmap(jax.vmap(both, in_axes=(None, 0, 0, 0, 0)), in_axes=(0, None, None, None, None)))
+    (_, saved_p), (_, saved_l) = grid(sets, x0, u, wind, wrench)
+    assert saved_l.attitude.shape == (3, N, T // 3, 4)
+    leaves_equal(saved_l, quadjax.native.unpack_state(saved_p, R))
+
+
 def test_backend_choice_is_checked():
     p = busy_params()
     s0 = busy_state(p)

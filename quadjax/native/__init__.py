@@ -6,7 +6,9 @@ library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce
 XLA path, whose numbers it matches to rounding (tests/test_native.py). Its first derivatives
 are native too: ``jax.jvp`` runs a generated tangent kernel, ``jax.grad`` a generated reverse
 sweep (the transpose of the tangent, from checkpoints), each one call for the whole horizon
-(:data:`rollout_p`, tests/test_native_derivatives.py); second derivatives are XLA's.
+(:data:`rollout_p`, tests/test_native_derivatives.py); second derivatives are XLA's. A run that
+saves its states gets them from the kernel leaf by leaf (:func:`rollout_states`), as the
+engine's QuadState holds them, not as packed rows to split afterwards.
 
 Why native code: XLA's CPU backend compiles one RK4 step into ~150 single-output loop fusions
 that each recompute the shared subexpressions they need (GUIDE §3, benchmarks/README.md).
@@ -150,6 +152,7 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     step = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=name, lanes=lanes)
     if kind == "forward":
         parts = [step.source, HARNESS.read_text(), f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {name});",
+                 f"QUADJAX_ROLLOUT_LEAVES({_target(dtype, rotors, 'leaves')}, {name});",
                  f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {name});\n"]
     else:
         pairs = {k: (v, v) for k, v in ex.items()}
@@ -276,7 +279,7 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
     return write_atomic(lib, lambda f: f.write(data), mode=0o700)
 
 
-_TARGETS = {"forward": ("rollout", "step"), "derivatives": ("tangent", "adjoint")}
+_TARGETS = {"forward": ("rollout", "leaves", "step"), "derivatives": ("tangent", "adjoint")}
 
 
 def _register(lib: Path, targets) -> None:
@@ -404,20 +407,60 @@ def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int
     per segment that the reverse sweep recomputes from a checkpoint (0: as many as fill 2 MiB of
     states per thread, the whole horizon when it fits).
     """
-    dtype = commands.dtype
-    T, R = commands.shape
+    P, wind, wrench = _rows(params, commands, dt, substeps, wind, wrench)
+    final, saved = rollout_p.bind(P, x0, commands, wind, wrench, substeps=int(substeps), save_every=int(save_every),
+                                  rotors=int(commands.shape[-1]), segment=int(segment))
+    return final, (saved if save_every else None)
+
+
+def _rows(params, commands, dt, substeps, wind, wrench):
+    """The primitives' params row and wind and wrench series (a series of length 1 is held),
+    after checking that a kernel runs these commands' rotor count and dtype."""
+    dtype, R = commands.dtype, commands.shape[-1]
     if on_gpu():
         if not supports(R, dtype):
             raise RuntimeError(f"quadjax GPU kernel: it covers {ROTOR_COUNTS} rotors in {DTYPES}")
     elif not available(dtype, R):
         raise RuntimeError(f"quadjax native kernel unavailable: {unavailable_reason(dtype, R)}")
-    h = dt / substeps  # as the XLA path divides: the same bits
-    wind = params.wind[None] if wind is None else wind  # a series of length 1 is held
+    wind = params.wind[None] if wind is None else wind
     wrench = jnp.zeros((1, 6), dtype) if wrench is None else wrench
-    final, saved = rollout_p.bind(pack_params(params, h), x0, commands, wind, wrench,
-                                  substeps=int(substeps), save_every=int(save_every), rotors=int(R),
-                                  segment=int(segment))
-    return final, (saved if save_every else None)
+    return pack_params(params, dt / substeps), wind, wrench  # h as the XLA path divides: the same bits
+
+
+def rollout_states(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int, save_every: int,
+                   segment: int = 0):
+    """:func:`rollout` with the saved states (``save_every`` > 0) as a :class:`QuadState`, which
+    the CPU kernel writes leaf by leaf (:data:`rollout_leaves_p`), not as packed rows to be split
+    afterwards (a copy of every saved value, the larger part of a call that saves every step).
+    Differentiable as :func:`rollout` is (its tangent and adjoint kernels)."""
+    if on_gpu() or save_every <= 0:
+        final, saved = rollout(params, x0, commands, dt, wind, wrench, substeps=substeps, save_every=save_every,
+                               segment=segment)
+        return final, (None if saved is None else unpack_state(saved, commands.shape[-1]))
+    P, wind, wrench = _rows(params, commands, dt, substeps, wind, wrench)
+    final, *leaves = _saving(P, x0, commands, wind, wrench, int(substeps), int(save_every), int(commands.shape[-1]),
+                             int(segment))
+    like = step_example(commands.shape[-1], np.dtype(commands.dtype))["S"]
+    shapes = [x.shape for x in jax.tree_util.tree_leaves(like)]
+    leaves = [jnp.reshape(y, y.shape[:-1] + shape) for y, shape in zip(leaves, shapes)]
+    return final, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
+def _saving(P, x0, U, Wd, E, substeps, save_every, rotors, segment):
+    """rollout_p with its saved rows as the state's leaves: the leaves kernel forward; its
+    derivatives rollout_p's (packed rows, split), so every mode and order works as there."""
+    return rollout_leaves_p.bind(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
+
+
+@_saving.defjvp
+def _saving_jvp(substeps, save_every, rotors, segment, primals, tangents):
+    def split(*args):
+        final, saved = rollout_p.bind(*args, substeps=substeps, save_every=save_every, rotors=rotors, segment=segment)
+        like = step_example(rotors, np.dtype(saved.dtype))["S"]
+        return (final, *[saved[..., k:k + math.prod(shape)] for _, shape, k in Layout.of(like).entries])
+
+    return jax.jvp(split, primals, tangents)
 
 
 # --------------------------------------------------------------------------- derivatives
@@ -454,6 +497,16 @@ def _forward_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     call = jax.ffi.ffi_call(_target(U.dtype, rotors), (jax.ShapeDtypeStruct(batch + (NS,), U.dtype),
                                                        jax.ShapeDtypeStruct(batch + (slots, NS), U.dtype)))
     return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
+
+
+def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors):
+    """The forward kernel with its saved states as the state's leaves (..., slots, leaf size)."""
+    batch, (NS, _, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
+    like = step_example(rotors, np.dtype(U.dtype))["S"]
+    outs = [jax.ShapeDtypeStruct(batch + (NS,), U.dtype)] + [
+        jax.ShapeDtypeStruct(batch + (slots, math.prod(shape)), U.dtype) for _, shape, _ in Layout.of(like).entries]
+    return jax.ffi.ffi_call(_target(U.dtype, rotors, "leaves"), outs)(
+        P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
 
 def _tangent_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0):
@@ -543,6 +596,9 @@ def _primitive(name, impl, n_out):
 
 
 rollout_p = _primitive("quadjax_rollout", _forward_ffi, 2)
+#: rollout_p's forward with the saved states as the state's 7 leaves (:func:`rollout_states`; no rules of
+#: its own: differentiated through rollout_p)
+rollout_leaves_p = _primitive("quadjax_rollout_leaves", _leaves_ffi, 8)
 tangent_p = _primitive("quadjax_rollout_tangent", _tangent_ffi, 2)
 adjoint_p = _primitive("quadjax_rollout_adjoint", _adjoint_ffi, 5)
 

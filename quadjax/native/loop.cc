@@ -73,6 +73,7 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
     if (yd.size() != 3 || yd[0] != n || yd[1] != S || yd[2] != K::L_Y[l])
       return ffi::Error::InvalidArgument("quadjax loop: a saved output is not (N, num_ticks / every, its size)");
     Y[l] = (*r)->typed_data();
+    HugePages(Y[l], static_cast<size_t>((*r)->element_count()) * sizeof(F));
     y_at[l + 1] = y_at[l] + K::L_Y[l];
   }
   const F *P = params.typed_data(), *X = carry.typed_data();

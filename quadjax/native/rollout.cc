@@ -19,7 +19,9 @@
 //   commands (..., T, R)     rotor-speed commands, one per tick
 //   wind     (..., Tw, 3)    world wind per tick; Tw = 1: held for the whole call
 //   wrench   (..., Tr, 6)    body force, moment per tick; Tr = 1: held
-// Results: final (..., N_S); saved (..., T / save_every, N_S) (empty when save_every = 0).
+// Results: final (..., N_S); saved (..., T / save_every, N_S) (empty when save_every = 0), or, from
+// the leaves entry (QUADJAX_ROLLOUT_LEAVES), one saved result per state leaf (..., T / save_every,
+// leaf size), as the engine's QuadState holds them.
 // The step entry point takes the state as its 7 QuadState leaves and one command row (..., 1, R),
 // all vehicle-minor (see Step), and returns the 7 leaves in that layout (XLA updates them in place).
 
@@ -32,6 +34,8 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -97,11 +101,19 @@ struct Segment {
   int64_t in_row, in_value, out_row, out_value;  // value i of row r at in[r * in_row + i * in_value]; out alike
 };
 
+// Where the saved states go: values [offset, offset + width) of the state, for vehicle r and slot
+// s at out[(r * slots + s) * width]. The packed rows are one of these; the state's leaves, one each.
+template <typename F>
+struct SavedPart {
+  F* out;
+  int width, offset;
+};
+
 template <typename F>
 struct Job {
   const F *params, *commands, *wind, *wrench;
   int64_t c_row = 0, c_value = 1;  // tick t's command k of row r at commands[r * c_row + (t * R + k) * c_value]
-  F* saved;
+  std::vector<SavedPart<F>> saved;
   Broadcast bp, bc, bw, br;
   int64_t T, Tw, Tr, save_every, substeps;
   std::vector<Segment<F>> state;
@@ -192,7 +204,7 @@ void LoadSeries(const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t,
 template <class K>
 void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count) {
   using F = typename K::F;
-  constexpr int W = K::W, R = Block<K>::R, NS = K::N_S, NP = K::N_P;
+  constexpr int W = K::W, R = Block<K>::R, NP = K::N_P;
   const Lanes<W> lanes(job, v0, count);
   // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
   // closed-loop tick, are otherwise dominated by this transposition and the prologue)
@@ -215,7 +227,8 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       for (int64_t sub = 0; sub < job.substeps; ++sub) K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
-        Scatter(job.saved + slot * NS, lanes.own, count, slots * NS, B.s, NS);
+        for (const auto& part : job.saved)
+          Scatter(part.out + slot * part.width, lanes.own, count, slots * part.width, B.s + part.offset, part.width);
       }
     }
   }
@@ -315,17 +328,28 @@ inline int64_t Count(ffi::Span<const int64_t> batch) {
   return n;
 }
 
-// The open loop: T ticks of `substeps` steps on packed state rows, every save_every-th state kept.
+// A large result buffer, freshly mapped, faults in one 4 KiB page at a time as the blocks write it
+// (glibc maps allocations above 32 MiB anew each call): ask for transparent huge pages over its
+// whole 2 MiB spans before the first write (a hint; where THP is off it does nothing).
+inline void HugePages(void* p, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+}
+
+// The open loop: T ticks of `substeps` steps on packed state rows, every save_every-th state kept
+// in `job.saved`'s parts (set by the entry points below).
 template <class K>
-ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
-                   Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
-                   Out<typename K::F> final_state, Out<typename K::F> saved, int64_t substeps, int64_t save_every) {
+ffi::Error RunRollout(ffi::ThreadPool& pool, Job<typename K::F>& job, Buf<typename K::F>& params,
+                      Buf<typename K::F>& state, Buf<typename K::F>& commands, Buf<typename K::F>& wind,
+                      Buf<typename K::F>& wrench, Out<typename K::F>& final_state, int64_t substeps,
+                      int64_t save_every) {
   using F = typename K::F;
   auto fdims = final_state->dimensions();
   if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
     return ffi::Error::InvalidArgument("quadjax native: bad state width");
   ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
-  Job<F> job{};
   job.state.push_back({state.typed_data(), final_state->typed_data(), K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
                        K::N_S, 1, K::N_S, 1});
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
@@ -333,8 +357,8 @@ ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
     return ffi::Error::InvalidArgument("quadjax native: bad substeps or save_every");
   job.substeps = substeps;
   job.save_every = save_every;
-  job.saved = saved->typed_data();
-  const int64_t n = Count(batch);
+  const int64_t n = Count(batch), slots = save_every ? job.T / save_every : 0;
+  for (const auto& part : job.saved) HugePages(part.out, static_cast<size_t>(n * slots * part.width) * sizeof(F));
   if (job.T == 0) {  // no ticks: the final state is the initial one
     for (int64_t v = 0; v < n; ++v)
       std::copy_n(job.state[0].in + job.state[0].b.row(v) * K::N_S, K::N_S, job.state[0].out + v * K::N_S);
@@ -342,6 +366,35 @@ ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   }
   Run<K>(pool, job, n);
   return ffi::Error::Success();
+}
+
+// Saved as packed rows (..., T / save_every, N_S) (the tangent kernel's: [primal | tangent]).
+template <class K>
+ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
+                   Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
+                   Out<typename K::F> final_state, Out<typename K::F> saved, int64_t substeps, int64_t save_every) {
+  Job<typename K::F> job{};
+  job.saved.push_back({saved->typed_data(), K::N_S, 0});
+  return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
+}
+
+// Saved as the state's leaves, one result each (..., T / save_every, leaf size), as a QuadState
+// holds them: no split of packed rows (a copy of every saved value) after the call.
+template <class K>
+ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
+                         Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
+                         Out<typename K::F> final_state, ffi::RemainingRets saved, int64_t substeps,
+                         int64_t save_every) {
+  if (static_cast<int64_t>(saved.size()) != K::NL_S)
+    return ffi::Error::InvalidArgument("quadjax native: not one saved result per state leaf");
+  Job<typename K::F> job{};
+  for (int l = 0, at = 0; l < K::NL_S; at += K::L_S[l], ++l) {
+    auto r = saved.get<Buf<typename K::F>>(l);
+    if (!r.has_value()) return r.error();
+    if ((*r)->dimensions().back() != K::L_S[l]) return ffi::Error::InvalidArgument("quadjax native: bad saved leaf");
+    job.saved.push_back({(*r)->typed_data(), K::L_S[l], at});
+  }
+  return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
 }
 
 // One step (quadjax.rk4_step) on the state's leaves, each (...) or (..., width), and one command
@@ -516,6 +569,7 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   job.g_commands = g_commands->typed_data();
   job.g_wind = g_wind->typed_data();
   job.g_wrench = g_wrench->typed_data();
+  HugePages(job.g_commands, static_cast<size_t>(g_commands->element_count()) * sizeof(F));
   const int64_t n = Count(batch);
   if (job.fwd.T == 0) {  // no ticks: the state's cotangent passes through, nothing else has one
     for (int64_t v = 0; v < n; ++v) std::copy_n(job.ct_final + job.bf.row(v) * K::N_S, K::N_S, job.g_state + v * K::N_S);
@@ -541,6 +595,15 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
                                     .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
                                     .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                                 \
                                     .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                                 \
+                                    .Attr<int64_t>("substeps")                                         \
+                                    .Attr<int64_t>("save_every"))
+#define QUADJAX_ROLLOUT_LEAVES(NAME, K)                                                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (RolloutLeaves<K>),                                              \
+                                ffi::Ffi::Bind()                                                       \
+                                    .Ctx<ffi::ThreadPool>()                                            \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                                 \
+                                    .Ret<QJ_BUF(K)>().RemainingRets()                                  \
                                     .Attr<int64_t>("substeps")                                         \
                                     .Attr<int64_t>("save_every"))
 #define QUADJAX_STEP(NAME, K)                                                                          \
