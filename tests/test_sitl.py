@@ -222,7 +222,7 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path, monkeypatch):
     rise < 150 ms, overshoot < 60 %.
     The same script flown again, from a fresh SITL process while two busy processes compete for
     the cores and the bridge sends its packets again whenever the FC has not answered within
-    50 µs (hundreds of duplicates), is the same flight bit for bit: the FC's clock, its task
+    50 µs (tens to hundreds of duplicates), is the same flight bit for bit: the FC's clock, its task
     schedule, its RC input and its motor packets all move with the packets (the lockstep patch),
     not with the host, and each answer is matched to its step by its stamp."""
     p = qj.presets.rp1()

@@ -438,29 +438,25 @@ def rollout_states(params: QuadParams, x0, commands, dt, wind, wrench, *, subste
                                segment=segment)
         return final, (None if saved is None else unpack_state(saved, commands.shape[-1]))
     P, wind, wrench = _rows(params, commands, dt, substeps, wind, wrench)
-    final, *leaves = _saving(P, x0, commands, wind, wrench, int(substeps), int(save_every), int(commands.shape[-1]),
-                             int(segment))
-    like = step_example(commands.shape[-1], np.dtype(commands.dtype))["S"]
-    shapes = [x.shape for x in jax.tree_util.tree_leaves(like)]
-    leaves = [jnp.reshape(y, y.shape[:-1] + shape) for y, shape in zip(leaves, shapes)]
-    return final, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
+    return _saving(P, x0, commands, wind, wrench, int(substeps), int(save_every), int(commands.shape[-1]), int(segment))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
 def _saving(P, x0, U, Wd, E, substeps, save_every, rotors, segment):
-    """rollout_p with its saved rows as the state's leaves: the leaves kernel forward; its
-    derivatives rollout_p's (packed rows, split), so every mode and order works as there."""
-    return rollout_leaves_p.bind(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
+    """(final row, saved QuadState): the leaves kernel forward; its derivatives rollout_p's
+    (packed rows, unpacked), so every mode and order works as there."""
+    final, *leaves = rollout_leaves_p.bind(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
+    like = step_example(rotors, np.dtype(U.dtype))["S"]
+    return final, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
 
 
 @_saving.defjvp
 def _saving_jvp(substeps, save_every, rotors, segment, primals, tangents):
-    def split(*args):
+    def unpacked(*args):
         final, saved = rollout_p.bind(*args, substeps=substeps, save_every=save_every, rotors=rotors, segment=segment)
-        like = step_example(rotors, np.dtype(saved.dtype))["S"]
-        return (final, *[saved[..., k:k + math.prod(shape)] for _, shape, k in Layout.of(like).entries])
+        return final, unpack_state(saved, rotors)
 
-    return jax.jvp(split, primals, tangents)
+    return jax.jvp(unpacked, primals, tangents)
 
 
 # --------------------------------------------------------------------------- derivatives
@@ -500,11 +496,11 @@ def _forward_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
 
 
 def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors):
-    """The forward kernel with its saved states as the state's leaves (..., slots, leaf size)."""
+    """The forward kernel with its saved states as the state's leaves (..., slots, *leaf shape)."""
     batch, (NS, _, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
     like = step_example(rotors, np.dtype(U.dtype))["S"]
     outs = [jax.ShapeDtypeStruct(batch + (NS,), U.dtype)] + [
-        jax.ShapeDtypeStruct(batch + (slots, math.prod(shape)), U.dtype) for _, shape, _ in Layout.of(like).entries]
+        jax.ShapeDtypeStruct(batch + (slots,) + x.shape, U.dtype) for x in jax.tree_util.tree_leaves(like)]
     return jax.ffi.ffi_call(_target(U.dtype, rotors, "leaves"), outs)(
         P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 

@@ -102,11 +102,13 @@ struct Segment {
 };
 
 // Where the saved states go: values [offset, offset + width) of the state, for vehicle r and slot
-// s at out[(r * slots + s) * width]. The packed rows are one of these; the state's leaves, one each.
+// s at out[(r * slots + s) * width], in a result of `count` values. The packed rows are one of
+// these; the state's leaves, one each.
 template <typename F>
 struct SavedPart {
   F* out;
   int width, offset;
+  int64_t count;
 };
 
 template <typename F>
@@ -358,7 +360,10 @@ ffi::Error RunRollout(ffi::ThreadPool& pool, Job<typename K::F>& job, Buf<typena
   job.substeps = substeps;
   job.save_every = save_every;
   const int64_t n = Count(batch), slots = save_every ? job.T / save_every : 0;
-  for (const auto& part : job.saved) HugePages(part.out, static_cast<size_t>(n * slots * part.width) * sizeof(F));
+  for (const auto& part : job.saved) {
+    if (part.count != n * slots * part.width) return ffi::Error::InvalidArgument("quadjax native: bad saved shape");
+    HugePages(part.out, static_cast<size_t>(part.count) * sizeof(F));
+  }
   if (job.T == 0) {  // no ticks: the final state is the initial one
     for (int64_t v = 0; v < n; ++v)
       std::copy_n(job.state[0].in + job.state[0].b.row(v) * K::N_S, K::N_S, job.state[0].out + v * K::N_S);
@@ -374,12 +379,13 @@ ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
                    Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
                    Out<typename K::F> final_state, Out<typename K::F> saved, int64_t substeps, int64_t save_every) {
   Job<typename K::F> job{};
-  job.saved.push_back({saved->typed_data(), K::N_S, 0});
+  job.saved.push_back({saved->typed_data(), K::N_S, 0, static_cast<int64_t>(saved->element_count())});
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
 }
 
-// Saved as the state's leaves, one result each (..., T / save_every, leaf size), as a QuadState
-// holds them: no split of packed rows (a copy of every saved value) after the call.
+// Saved as the state's leaves, one result each (..., T / save_every, leaf size; a one-value leaf
+// without its trailing 1), as a QuadState holds them: no split of packed rows (a copy of every
+// saved value) after the call.
 template <class K>
 ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
                          Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
@@ -391,8 +397,9 @@ ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<ty
   for (int l = 0, at = 0; l < K::NL_S; at += K::L_S[l], ++l) {
     auto r = saved.get<Buf<typename K::F>>(l);
     if (!r.has_value()) return r.error();
-    if ((*r)->dimensions().back() != K::L_S[l]) return ffi::Error::InvalidArgument("quadjax native: bad saved leaf");
-    job.saved.push_back({(*r)->typed_data(), K::L_S[l], at});
+    if (K::L_S[l] > 1 && (*r)->dimensions().back() != K::L_S[l])
+      return ffi::Error::InvalidArgument("quadjax native: bad saved leaf");
+    job.saved.push_back({(*r)->typed_data(), K::L_S[l], at, static_cast<int64_t>((*r)->element_count())});
   }
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
 }
@@ -588,24 +595,18 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
 }  // namespace
 
 #define QJ_BUF(K) ffi::Buffer<DataTypeOf<K::F>::value>
+// the open loop's binding around its results: params, state, commands, wind, wrench; substeps, save_every
+#define QJ_ROLLOUT_BIND(K, RESULTS)                                                                    \
+  ffi::Ffi::Bind()                                                                                     \
+      .Ctx<ffi::ThreadPool>()                                                                          \
+      .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()            \
+      RESULTS                                                                                          \
+      .Attr<int64_t>("substeps")                                                                       \
+      .Attr<int64_t>("save_every")
 #define QUADJAX_ROLLOUT(NAME, K)                                                                       \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Rollout<K>),                                                    \
-                                ffi::Ffi::Bind()                                                       \
-                                    .Ctx<ffi::ThreadPool>()                                            \
-                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
-                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                                 \
-                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                                 \
-                                    .Attr<int64_t>("substeps")                                         \
-                                    .Attr<int64_t>("save_every"))
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Rollout<K>), QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()))
 #define QUADJAX_ROLLOUT_LEAVES(NAME, K)                                                                \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (RolloutLeaves<K>),                                              \
-                                ffi::Ffi::Bind()                                                       \
-                                    .Ctx<ffi::ThreadPool>()                                            \
-                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
-                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                                 \
-                                    .Ret<QJ_BUF(K)>().RemainingRets()                                  \
-                                    .Attr<int64_t>("substeps")                                         \
-                                    .Attr<int64_t>("save_every"))
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (RolloutLeaves<K>), QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().RemainingRets()))
 #define QUADJAX_STEP(NAME, K)                                                                          \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Step<K>),                                                       \
                                 ffi::Ffi::Bind()                                                       \
