@@ -12,7 +12,9 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
 * ``rollout``: ``simulate`` batched by ``map_vehicles`` (the kernel's whole horizon in one call);
   and the same with every state saved (``save_every=1``: 295 MB of trajectory at N = 4096);
 * ``scan(vmap(rk4_step))``: a user's own loop over the library's step (one kernel call per
-  step on the CPU), and the same loop over the XLA form of the step;
+  step on the CPU), and the same loop over the XLA form of the step; the commands are made (N, T, 4)
+  like the rollout's and the loop swaps their axes for ``lax.scan`` (a transposing copy inside the
+  timed call), except in the "commands time-major" row, where they are laid out (T, N, 4) before;
 * ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode with one
   tangent (the generated tangent kernel) of a 1 000-step rollout loss at N = 256, against the
   native forward of the same loss; the same ``grad`` on the XLA backend; and grad at 10 000
@@ -60,10 +62,13 @@ def worker(case: dict) -> dict:
         tr = qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,))
         return tr.states if kind == "rollout_saved" else tr.final
 
-    def scan_of(step):
+    if kind == "scan_time_major":  # the commands as scan takes them, (T, N, 4), laid out before timing
+        u = jnp.swapaxes(u, 0, 1).copy()
+
+    def scan_of(step, swap=True):
         def fly(u):
             tick = lambda s, u_t: (jax.vmap(step, in_axes=(None, 0, 0, None))(p, s, u_t, 1e-3), None)
-            return jax.lax.scan(tick, states, jnp.swapaxes(u, 0, 1))[0]
+            return jax.lax.scan(tick, states, jnp.swapaxes(u, 0, 1) if swap else u)[0]
         return fly
 
     def loss(u):
@@ -72,6 +77,7 @@ def worker(case: dict) -> dict:
 
     direction = jnp.ones_like(u)
     fn = {"rollout": rollout, "rollout_saved": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
+          "scan_time_major": scan_of(qj.rk4_step, swap=False),
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,))}[kind]
     f = jax.jit(fn)
@@ -130,6 +136,7 @@ def main():
         "rollout N=4096, 2 threads, every state saved": dict(kind="rollout_saved", N=4096, T=1000),
         "rollout N=1": dict(kind="rollout", N=1, T=20000),
         "scan(vmap(rk4_step)) N=4096, kernel": dict(kind="scan_kernel", N=4096, T=500),
+        "scan(vmap(rk4_step)) N=4096, kernel, commands time-major": dict(kind="scan_time_major", N=4096, T=500),
         "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
         "rollout forward N=256, T=1000 (loss)": dict(kind="forward", N=256, T=1000),
         "grad of it (native adjoint)": dict(kind="grad", N=256, T=1000),
