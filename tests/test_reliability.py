@@ -6,7 +6,6 @@ The native build cache (planted, truncated and garbage libraries), the engine bo
 tests/test_reliability_sweep.py, the fit/log loaders' in tests/test_reliability_fit.py.
 """
 
-import ctypes
 import os
 import re
 import shutil
@@ -102,12 +101,10 @@ def test_planted_library_never_runs_and_truncated_cache_is_rebuilt(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert not mark.exists(), "a planted library's code ran in the user's process"
     assert "sha256 differs" in run.stderr  # the warning names the cause
+    # rebuilt whole: trusted, and the child's flight ran on it (t.backend == "native": the library
+    # loaded and registered every FFI target). Not compared byte for byte with the genuine one:
+    # one CI run rebuilt it with other bytes, which 20 builds here never did.
     assert native.trust_problem(cache / name) is None
-    # rebuilt whole: it loads and exports every FFI target. (Not compared byte for byte with the
-    # genuine library: one CI run rebuilt it with other bytes, which 20 builds here never did.)
-    rebuilt = ctypes.CDLL(str(cache / name))
-    for kind in ("rollout", "leaves", "step"):
-        assert callable(getattr(rebuilt, f"quadjax_{kind}_f32_r4"))
     assert abs(float(run.stdout.split()[-1]) - 1.0) < 1e-3
 
 
