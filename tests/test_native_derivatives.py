@@ -77,8 +77,11 @@ def test_grad_and_jvp_run_in_the_native_kernels_and_equal_xla(dtype, shared):
     direction = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype) * 1e-3 * (
         jnp.abs(x) + 1e-3), args)
     jvp = {b: (lambda *a, b=b: jax.jvp(_loss(b, shared), a, direction)) for b in ("native", "xla")}
-    assert "quadjax_tangent_" in _targets(jvp["native"], *args)
+    hlo = _targets(jvp["native"], *args)
+    # forward mode: one tangent-kernel call gives the primal as well, no forward kernel beside it
+    assert "quadjax_tangent_" in hlo and "quadjax_rollout_" not in hlo and "quadjax_leaves_" not in hlo
     (v_n, t_n), (v_x, t_x) = jax.jit(jvp["native"])(*args), jax.jit(jvp["xla"])(*args)
+    assert float(v_n) == float(jax.jit(_loss("native", shared))(*args))  # the forward kernel's bits
     np.testing.assert_allclose(v_n, v_x, rtol=rtol)
     np.testing.assert_allclose(t_n, t_x, rtol=rtol)
     # and grad · direction is the same directional derivative

@@ -59,6 +59,7 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
+from jax.interpreters import partial_eval as pe
 
 from quadjax._components import join_state, split, split_params, split_state
 from quadjax.files import write_atomic
@@ -505,8 +506,9 @@ def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors):
         P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
 
-def _tangent_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0):
-    """The tangent kernel runs the rollout harness on rows [primal | tangent] (:func:`tangent_step`)."""
+def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0):
+    """The tangent kernel runs the rollout harness on rows [primal | tangent] (:func:`tangent_step`):
+    (final, saved, dfinal, dsaved), the primal and the tangent of one call."""
     primals, tangents = (P, x0, U, Wd, E), (dP, dx0, dU, dWd, dE)
     batch, (NS, _, slots) = _batch(primals + tangents, _CORE * 2), _sizes(x0, U, save_every)
 
@@ -520,7 +522,12 @@ def _tangent_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every,
                             (jax.ShapeDtypeStruct(batch + (2 * NS,), U.dtype),
                              jax.ShapeDtypeStruct(batch + (slots, 2 * NS), U.dtype)))
     final, saved = call(*rows, substeps=np.int64(substeps), save_every=np.int64(save_every))
-    return final[..., NS:], saved[..., NS:]
+    return final[..., :NS], saved[..., :NS], final[..., NS:], saved[..., NS:]
+
+
+def _tangent_ffi(*args, **params):
+    """The tangent part of :func:`_joint_ffi`."""
+    return _joint_ffi(*args, **params)[2:]
 
 
 def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, rotors, segment):
@@ -582,13 +589,15 @@ def _primitive(name, impl, n_out):
     prim.def_abstract_eval(lambda *args, **params: [jax.core.ShapedArray(o.shape, o.dtype)
                                                     for o in jax.eval_shape(functools.partial(impl, **params), *args)])
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=True), platform="cpu")
-
-    def batched(args, dims, **params):  # every vmapped axis leads; an unmapped argument gets a 1 there
-        args = [jnp.expand_dims(x, 0) if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
-        return prim.bind(*args, **params), (0,) * n_out
-
-    batching.primitive_batchers[prim] = batched
+    batching.primitive_batchers[prim] = functools.partial(_all_mapped, prim, n_out)
     return prim
+
+
+def _all_mapped(prim, n_out, args, dims, **params):
+    """The batching rule of every primitive here: every vmapped axis leads; an unmapped argument gets
+    a 1 there; every result is mapped."""
+    args = [jnp.expand_dims(x, 0) if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
+    return prim.bind(*args, **params), (0,) * n_out
 
 
 rollout_p = _primitive("quadjax_rollout", _forward_ffi, 2)
@@ -596,6 +605,20 @@ rollout_p = _primitive("quadjax_rollout", _forward_ffi, 2)
 #: its own: differentiated through rollout_p)
 rollout_leaves_p = _primitive("quadjax_rollout_leaves", _leaves_ffi, 8)
 tangent_p = _primitive("quadjax_rollout_tangent", _tangent_ffi, 2)
+#: rollout_p's primal and tangent from one tangent-kernel call (what jax.jvp runs; not linear)
+joint_p = _primitive("quadjax_rollout_joint", _joint_ffi, 4)
+
+
+def _joint_batched(args, dims, **params):
+    """joint_p batched like the others, except where only tangents are mapped (``jax.jacfwd``): its
+    primal halves then leave unmapped, as rollout_p's would (each row of the call computed the same)."""
+    outs, out_dims = _all_mapped(joint_p, 4, args, dims, **params)
+    if any(d is not None for d in dims[:5]):
+        return outs, out_dims
+    return [outs[0][0], outs[1][0], *outs[2:]], (None, None, 0, 0)
+
+
+batching.primitive_batchers[joint_p] = _joint_batched
 adjoint_p = _primitive("quadjax_rollout_adjoint", _adjoint_ffi, 5)
 
 
@@ -616,11 +639,40 @@ for _platform in ("cuda", "rocm"):
 
 
 def _rollout_jvp(primals, tangents, **params):
-    out = rollout_p.bind(*primals, **params)
+    """jax.jvp: the primal and tangent from one tangent-kernel call (joint_p), whose primal half
+    the kernel computes anyway. Linearised (jax.grad, jax.linearize), joint_p splits into rollout_p
+    and tangent_p (:func:`_joint_partial_eval`)."""
     tangents = [ad.instantiate_zeros(t) for t in tangents]
-    if _derivatives(primals[2].dtype, params["rotors"]):
-        return out, tangent_p.bind(*primals, *tangents, **params)
-    return out, jax.jvp(functools.partial(_xla, **params), tuple(primals), tuple(tangents))[1]
+    if not _derivatives(primals[2].dtype, params["rotors"]):
+        return rollout_p.bind(*primals, **params), jax.jvp(functools.partial(_xla, **params), tuple(primals),
+                                                           tuple(tangents))[1]
+    final, saved, d_final, d_saved = joint_p.bind(*primals, *tangents, **params)
+    return (final, saved), (d_final, d_saved)
+
+
+def _joint_partial_eval(trace, *tracers, **params):
+    """joint_p with the primals known and tangents not (being linearised: jax.grad, jax.linearize):
+    the primal from rollout_p, now, and the tangent from tangent_p, staged: linear, its transpose the
+    adjoint kernel. Otherwise as any primitive."""
+    primals = [t.pval.get_known() for t in tracers[:5]]
+    if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]):
+        return trace.default_process_primitive(joint_p, tracers, params)
+    return [*rollout_p.bind(*primals, **params), *trace.default_process_primitive(tangent_p, tracers, params)]
+
+
+def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
+    """:func:`_joint_partial_eval` on a jaxpr (``jax.checkpoint`` differentiated): the known primals'
+    rollout_p on the known side, tangent_p staged; otherwise all known (its results saved) or all
+    staged. Returns (known eqn, staged eqn, unknown outputs, instantiated outputs, residuals)."""
+    del saveable  # the primal outputs are saved, never recomputed: they are what the known side is for
+    needed = [v for v, inst in zip(eqn.invars, instantiated) if isinstance(v, jax.extend.core.Var) and not inst]
+    if not any(unknowns):
+        return eqn, None, [False] * 4, [False] * 4, []
+    if any(unknowns[:5]):
+        return None, eqn, [True] * 4, [True] * 4, needed
+    known = eqn.replace(primitive=rollout_p, invars=eqn.invars[:5], outvars=eqn.outvars[:2])
+    staged = eqn.replace(primitive=tangent_p, outvars=eqn.outvars[2:])
+    return known, staged, [False, False, True, True], [False, False, True, True], needed
 
 
 def _tangent_transpose(cts, *args, **params):
@@ -645,6 +697,9 @@ def _on_xla(form):
 
 ad.primitive_jvps[rollout_p] = _rollout_jvp
 ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: jax.jvp(xla, a[:5], a[5:])[1])
+pe.custom_partial_eval_rules[joint_p] = _joint_partial_eval
+pe.partial_eval_jaxpr_custom_rules[joint_p] = _joint_partial_eval_jaxpr
+ad.primitive_jvps[joint_p] = _on_xla(lambda xla: lambda *a: tuple(x for pair in jax.jvp(xla, a[:5], a[5:]) for x in pair))
 ad.primitive_jvps[adjoint_p] = _on_xla(lambda xla: lambda *a: jax.vjp(xla, *a[:5])[1](tuple(a[5:])))
 ad.primitive_transposes[tangent_p] = _tangent_transpose
 
