@@ -8,7 +8,7 @@ import pytest
 import quadjax as qj
 from quadjax.presets import PRESETS
 from quadjax.quaternion import quat_rotate
-from tests.helpers import BACKENDS, simulate_open_loop
+from tests.helpers import BACKENDS, leaves_equal, simulate_open_loop
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -54,6 +54,7 @@ def test_free_fall_is_exact_under_rk4(backend):
     np.testing.assert_allclose(traj.position[:, 0], 1.0 * t, rtol=1e-13)
     np.testing.assert_allclose(traj.velocity[:, 2], 3.0 - g * t, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(traj.body_rates, 0.0)
+    leaves_equal(final, jax.tree_util.tree_map(lambda x: x[-1], traj))  # the final state is the last saved one
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -17,7 +17,7 @@ from quadjax.verify.scenarios import random_c4dynamics_case
 from tests.helpers import BACKENDS, simulate_open_loop
 
 c4d = pytest.importorskip("c4dynamics")
-from c4dynamics.eqm.quadcopter import quadeqm, quadforces  # noqa: E402
+from c4dynamics.eqm.quadcopter import quadeqm  # noqa: E402
 
 N_STATES = 200
 

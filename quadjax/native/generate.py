@@ -624,7 +624,7 @@ class _Generator:
         rf = [i for i in range(rhs.ndim) if i not in rc and i not in rb]
         lhs = np.transpose(lhs, [*lb, *lf, *lc])
         rhs = np.transpose(rhs, [*rb, *rf, *rc])
-        nb, nlf, nrf = len(lb), len(lf), len(rf)
+        nb, nlf = len(lb), len(lf)
         out = np.empty(avals[0].shape, object)
         contract = lhs.shape[nb + nlf:]
         for idx in np.ndindex(out.shape):
