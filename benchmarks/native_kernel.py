@@ -10,6 +10,9 @@ like with the single-threaded C reference (``../shared/perf``, built with ``-ffa
 fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
 
 * ``rollout``: ``simulate`` batched by ``map_vehicles`` (the kernel's whole horizon in one call);
+  also with one command series for the whole fleet (``jax.vmap`` over the states, the (T, 4)
+  commands unbatched): like the C reference, which holds its commands, no per-vehicle command
+  stream (65 MB at N = 4096, T = 1000) is read;
   and the same with every state saved (``save_every=1``: 295 MB of trajectory at N = 4096);
 * ``scan(vmap(rk4_step))``: a user's own loop over the library's step (one kernel call per
   step on the CPU), and the same loop over the XLA form of the step; the commands are made (N, T, 4)
@@ -63,6 +66,11 @@ def worker(case: dict) -> dict:
         tr = qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,))
         return tr.states if kind == "rollout_saved" else tr.final
 
+    def rollout_fleet(u1):  # one (T, 4) series for the whole fleet, as the C reference holds one command
+        return jax.vmap(lambda s: qj.simulate(p, s, 1e-3, commands=u1, config=config).final)(states)
+
+    if kind == "rollout_one_series":
+        u = u[0]
     if kind == "scan_time_major":  # the commands as scan takes them, (T, N, 4), laid out before timing
         u = jnp.swapaxes(u, 0, 1).copy()
 
@@ -77,7 +85,7 @@ def worker(case: dict) -> dict:
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
     direction = jnp.ones_like(u)
-    fn = {"rollout": rollout, "rollout_saved": rollout, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
+    fn = {"rollout": rollout, "rollout_saved": rollout, "rollout_one_series": rollout_fleet, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
           "scan_time_major": scan_of(qj.rk4_step, swap=False),
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,)),
@@ -136,6 +144,8 @@ def main():
     r = args.repeats
     cases = {
         "rollout N=4096, 1 core": dict(kind="rollout", N=4096, T=1000, one_core=True),
+        "rollout N=4096, 1 core, one command series for the fleet": dict(kind="rollout_one_series", N=4096, T=1000,
+                                                                          one_core=True),
         "rollout N=4096, 2 threads": dict(kind="rollout", N=4096, T=1000),
         "rollout N=4096, 2 threads, every state saved": dict(kind="rollout_saved", N=4096, T=1000),
         "rollout N=1": dict(kind="rollout", N=1, T=20000),
