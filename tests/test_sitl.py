@@ -223,7 +223,7 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path, monkeypatch):
     The same script flown again, from a fresh SITL process while two busy processes compete for
     the cores and the bridge sends its packets again whenever the FC has not answered within
     50 µs, and the FC's first answer to every 25th step is lost (the bridge must send that step's
-    packets again and the FC answer a state it already holds: at least 80 duplicates, where
+    packets again and the FC answer a state it already holds: at least 50 duplicates, where
     timing alone gave anything from none to hundreds), is the same flight bit for bit: the FC's clock, its task
     schedule, its RC input and its motor packets all move with the packets (the lockstep patch),
     not with the host, and each answer is matched to its step by its stamp."""
@@ -235,25 +235,33 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path, monkeypatch):
     setpoint = np.radians(_actual_rate(stick))
     f = _fly(p, steps, 2.0, tmp_path / "a")
     monkeypatch.setattr(bridge.Link, "resend_after", 5e-5)
-    lost, drain = set(), bridge.Link.drain
+    lost, drain, exchange = set(), bridge.Link.drain, bridge.Link.exchange
 
-    def lossy(link):  # the first answer to every 25th step lost on the loopback
+    def lossy(link):  # in flight, the first answer to every 25th step lost on the loopback
         got = drain(link)
-        for out, stamp in list(got):
+        for out, stamp in list(got) if getattr(link, "flying", False) else ():
             step = round(stamp / bridge.DT)
             if step % 25 == 0 and step not in lost:
                 lost.add(step)
                 got.remove((out, stamp))
         return got
 
+    def flying(link, *args, **kwargs):  # (the boot's idle packets are never answered: nothing to lose)
+        link.flying = True
+        try:
+            return exchange(link, *args, **kwargs)
+        finally:
+            link.flying = False
+
     monkeypatch.setattr(bridge.Link, "drain", lossy)
+    monkeypatch.setattr(bridge.Link, "exchange", flying)
     with _busy(2):
         again = _fly(p, steps, 2.0, tmp_path / "b")
     final, rise, overshoot = _rate_step(f)
-    print(f"\nrate step, roll stick 0.2: settled {np.degrees(final):.1f} deg/s (setpoint {np.degrees(setpoint):.1f}), "
+    print(f"\nrate step, roll stick 0.2 ({len(lost)} answers lost): settled {np.degrees(final):.1f} deg/s (setpoint {np.degrees(setpoint):.1f}), "
           f"rise (10-90 %) {1e3 * rise:.1f} ms, overshoot {100 * overshoot:.1f} %; flown again under load in "
           f"{again.wall_s:.1f} s wall with {int(again.resends.sum())} packets sent again (idle: {f.wall_s:.1f} s)")
-    assert f.resends.sum() == 0 and again.resends.sum() >= len(lost) >= 80, "the duplicates' path was flown"
+    assert f.resends.sum() == 0 and again.resends.sum() >= len(lost) >= 50, "the duplicates' path was flown"
     assert final > 0.5 * setpoint, f"a right-roll rate (FLU p > 0): {final:.2f} rad/s"
     assert abs(final / setpoint - 1) < 0.1, (np.degrees(final), np.degrees(setpoint))
     assert 0.0 < rise < 0.15 and overshoot < 0.6, (rise, overshoot)
