@@ -18,10 +18,10 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
   step on the CPU), and the same loop over the XLA form of the step; the commands are made (N, T, 4)
   like the rollout's and the loop swaps their axes for ``lax.scan`` (a transposing copy inside the
   timed call), except in the "commands time-major" row, where they are laid out (T, N, 4) before;
-* ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode with one
-  tangent and with four (``jax.vmap`` over the tangents, as ``jax.jacfwd`` pushes them; issue 13
-  asks (1 + k)x the forward) (the generated tangent kernel) of a 1 000-step rollout loss at N = 256, against the
-  native forward of the same loss; the same ``grad`` on the XLA backend; and grad at 10 000
+* ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode (the generated
+  tangent kernel) of a 1 000-step rollout loss at N = 256, against the native forward of the same
+  loss; ``jvp`` with one tangent and with four at once (``jax.vmap`` over the tangents, as
+  ``jax.jacfwd`` pushes them; issue 13 asks (1 + k)x the forward); the same ``grad`` on the XLA backend; and grad at 10 000
   steps, where the reverse sweep recomputes segments from checkpoints. Each row reports the
   subprocess's peak resident memory (``ru_maxrss``) and its first call (compile included).
 

@@ -640,8 +640,9 @@ for _platform in ("cuda", "rocm"):
 
 def _rollout_jvp(primals, tangents, **params):
     """jax.jvp: the primal and tangent from one tangent-kernel call (joint_p), whose primal half
-    the kernel computes anyway. Linearised (jax.grad, jax.linearize), joint_p splits into rollout_p
-    and tangent_p (:func:`_joint_partial_eval`)."""
+    the kernel computes anyway. Linearised (jax.grad, jax.linearize; jax.checkpoint), joint_p splits
+    into rollout_p and tangent_p (:func:`_joint_partial_eval`, :func:`_joint_partial_eval_jaxpr`: the
+    same split in JAX's two partial evaluators, one on traces, one on jaxprs)."""
     tangents = [ad.instantiate_zeros(t) for t in tangents]
     if not _derivatives(primals[2].dtype, params["rotors"]):
         return rollout_p.bind(*primals, **params), jax.jvp(functools.partial(_xla, **params), tuple(primals),
