@@ -3,6 +3,7 @@ that float64 references are available, and build float32 inputs explicitly where
 float32 path is under test."""
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -41,3 +42,50 @@ def nanodrone_dir():
     if not NANODRONE.is_dir() or not any(NANODRONE.glob("*.parquet")):
         pytest.skip(f"flight data not found at {NANODRONE}")
     return NANODRONE
+
+
+# --- where the suite's time goes (opt-in) ---------------------------------------------------------
+# Most of the suite's time is JAX compiling, not running: a run with QUADJAX_TEST_COMPILE_REPORT=<new folder>
+# sums JAX's own compile events (tracing, lowering to MLIR, XLA's backend compile) per test, each
+# pytest-xdist worker into <folder>/<worker>.json, and the first process prints them per file at the
+# end. --durations gives the wall time beside it.
+COMPILE_REPORT = os.environ.get("QUADJAX_TEST_COMPILE_REPORT")
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+                  "/jax/core/compile/backend_compile_duration": "compile"}
+_compile_seconds: dict = {}
+_current_test: list = [None]
+
+if COMPILE_REPORT:
+    def _on_duration(event, duration, **_):
+        if _current_test[0] is not None and event in COMPILE_EVENTS:
+            per = _compile_seconds.setdefault(_current_test[0], dict.fromkeys(COMPILE_EVENTS.values(), 0.0))
+            per[COMPILE_EVENTS[event]] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        _current_test[0] = item.nodeid
+        yield
+        _current_test[0] = None
+
+    def pytest_sessionfinish(session):
+        Path(COMPILE_REPORT).mkdir(parents=True, exist_ok=True)
+        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (Path(COMPILE_REPORT) / f"{name}.json").write_text(json.dumps(_compile_seconds))
+
+    def pytest_terminal_summary(terminalreporter):
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            return
+        per_test = {k: v for f in Path(COMPILE_REPORT).glob("*.json") for k, v in json.loads(f.read_text()).items()}
+        per_file: dict = {}
+        for node, seconds in per_test.items():
+            row = per_file.setdefault(node.split("::")[0], dict.fromkeys(COMPILE_EVENTS.values(), 0.0))
+            for k, v in seconds.items():
+                row[k] += v
+        total = {k: sum(r[k] for r in per_file.values()) for k in COMPILE_EVENTS.values()}
+        terminalreporter.write_sep("=", "JAX compile seconds (trace / lower / compile), summed over the workers")
+        terminalreporter.write_line(" / ".join(f"{total[k]:.0f}" for k in total) + "  all tests")
+        for file, row in sorted(per_file.items(), key=lambda kv: -sum(kv[1].values()))[:20]:
+            terminalreporter.write_line(" / ".join(f"{row[k]:.1f}" for k in row) + f"  {file}")
