@@ -21,8 +21,8 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
 * ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode (the generated
   tangent kernel) of a 1 000-step rollout loss at N = 256, against the native forward of the same
   loss; ``jvp`` with one tangent and with four at once (``jax.vmap`` over the tangents, as
-  ``jax.jacfwd`` pushes them; issue 13 asks (1 + k)x the forward); the same ``grad`` on the XLA backend; and grad at 10 000
-  steps, where the reverse sweep recomputes segments from checkpoints. Each row reports the
+  ``jax.jacfwd`` pushes them; issue 13 asks (1 + k)x the forward); the same ``grad`` on the XLA
+  backend; and grad at 10 000 steps, where the reverse sweep recomputes segments from checkpoints. Each row reports the
   subprocess's peak resident memory (``ru_maxrss``) and its first call (compile included).
 
 ``--only SUBSTRING`` runs the rows whose name contains it (the C reference is then skipped).
@@ -85,7 +85,8 @@ def worker(case: dict) -> dict:
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
     direction = jnp.ones_like(u)
-    fn = {"rollout": rollout, "rollout_saved": rollout, "rollout_one_series": rollout_fleet, "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
+    fn = {"rollout": rollout, "rollout_saved": rollout, "rollout_one_series": rollout_fleet,
+          "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
           "scan_time_major": scan_of(qj.rk4_step, swap=False),
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,)),

@@ -53,22 +53,23 @@ COMPILE_REPORT = os.environ.get("QUADJAX_TEST_COMPILE_REPORT")
 COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
                   "/jax/core/compile/backend_compile_duration": "compile"}
-_compile_seconds: dict = {}
-_current_test: list = [None]
+_compile_seconds: dict = {}  # {test node id: {"trace": s, "lower": s, "compile": s}}
+_current_test = None
 
 if COMPILE_REPORT:
     def _on_duration(event, duration, **_):
-        if _current_test[0] is not None and event in COMPILE_EVENTS:
-            per = _compile_seconds.setdefault(_current_test[0], dict.fromkeys(COMPILE_EVENTS.values(), 0.0))
+        if _current_test is not None and event in COMPILE_EVENTS:
+            per = _compile_seconds.setdefault(_current_test, dict.fromkeys(COMPILE_EVENTS.values(), 0.0))
             per[COMPILE_EVENTS[event]] += duration
 
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        _current_test[0] = item.nodeid
+        global _current_test
+        _current_test = item.nodeid
         yield
-        _current_test[0] = None
+        _current_test = None
 
     def pytest_sessionfinish(session):
         Path(COMPILE_REPORT).mkdir(parents=True, exist_ok=True)
@@ -78,12 +79,12 @@ if COMPILE_REPORT:
     def pytest_terminal_summary(terminalreporter):
         if os.environ.get("PYTEST_XDIST_WORKER"):
             return
-        per_test = {k: v for f in Path(COMPILE_REPORT).glob("*.json") for k, v in json.loads(f.read_text()).items()}
         per_file: dict = {}
-        for node, seconds in per_test.items():
-            row = per_file.setdefault(node.split("::")[0], dict.fromkeys(COMPILE_EVENTS.values(), 0.0))
-            for k, v in seconds.items():
-                row[k] += v
+        for report in Path(COMPILE_REPORT).glob("*.json"):
+            for node, seconds in json.loads(report.read_text()).items():
+                row = per_file.setdefault(node.split("::")[0], dict.fromkeys(COMPILE_EVENTS.values(), 0.0))
+                for k, v in seconds.items():
+                    row[k] += v
         total = {k: sum(r[k] for r in per_file.values()) for k in COMPILE_EVENTS.values()}
         terminalreporter.write_sep("=", "JAX compile seconds (trace / lower / compile), summed over the workers")
         terminalreporter.write_line(" / ".join(f"{total[k]:.0f}" for k in total) + "  all tests")

@@ -225,8 +225,8 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path, monkeypatch):
     50 µs, and every 25th step's answers are lost until the bridge has sent that step's packets
     again (so the FC answers a state it already holds: at least 50 steps re-sent for certain,
     where timing alone gave anything from none to hundreds), is the same flight bit for bit: the
-    FC's clock, its task schedule, its RC input and its motor packets all move with the packets (the lockstep patch),
-    not with the host, and each answer is matched to its step by its stamp."""
+    FC's clock, its task schedule, its RC input and its motor packets all move with the packets
+    (the lockstep patch), not with the host, and each answer is matched to its step by its stamp."""
     p = qj.presets.rp1()
     up = 1.02 * sitl.hover_throttle(p)
     stick = 0.2
@@ -235,7 +235,8 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path, monkeypatch):
     setpoint = np.radians(_actual_rate(stick))
     f = _fly(p, steps, 2.0, tmp_path / "a")
     monkeypatch.setattr(bridge.Link, "resend_after", 5e-5)
-    lost, sent, forced, in_flight = set(), {}, [], [False]
+    sent, forced = {}, []  # packets sent per stamp; the re-sends of each exchange that lost answers
+    in_flight = dropped = False
     drain, send, exchange = bridge.Link.drain, bridge.Link.send, bridge.Link.exchange
 
     def counting(link, t, fdm):
@@ -243,25 +244,26 @@ def test_rate_step_response_and_a_flight_repeats(built, tmp_path, monkeypatch):
         send(link, t, fdm)
 
     def lossy(link):  # in flight, every 25th step's answers lost until the bridge has sent it again
+        nonlocal dropped
         got = drain(link)
-        if not in_flight[0]:  # the boot's idle packets: nobody waits for their answers
+        if not in_flight:  # the boot's idle packets: nobody waits for their answers
             return got
         kept = []
         for out, stamp in got:
-            step = round(stamp / bridge.DT)
-            if stamp == link.t and step % 25 == 0 and sent.get(stamp, 0) < 2:
-                lost.add(step)
+            if stamp == link.t and round(stamp / bridge.DT) % 25 == 0 and sent.get(stamp, 0) < 2:
+                dropped = True
             else:
                 kept.append((out, stamp))
         return kept
 
-    def flying(link, *args, **kwargs):  # each exchange that lost answers: its re-sends
-        in_flight[0], before = True, len(lost)
+    def flying(link, *args, **kwargs):
+        nonlocal in_flight, dropped
+        in_flight, dropped = True, False
         try:
             out, resends = exchange(link, *args, **kwargs)
         finally:
-            in_flight[0] = False
-        if len(lost) > before:
+            in_flight = False
+        if dropped:
             forced.append(resends)
         return out, resends
 
