@@ -46,13 +46,15 @@ def nanodrone_dir():
 
 # --- where the suite's time goes (opt-in) ---------------------------------------------------------
 # Most of the suite's time is JAX compiling, not running: a run with QUADJAX_TEST_COMPILE_REPORT=<new folder>
-# sums JAX's own compile events (tracing, lowering to MLIR, XLA's backend compile) per test, each
-# pytest-xdist worker into <folder>/<worker>.json, and the first process prints them per file at the
-# end. --durations gives the wall time beside it.
+# sums JAX's own compile events (tracing, lowering to MLIR, XLA's backend compile) and quadjax's C++
+# builds of generated kernels per test, each pytest-xdist worker into <folder>/<worker>.json, and the
+# first process prints them per file at the end. A kernel is generated and built while JAX traces the
+# program that calls it, so "trace" includes "c++". --durations gives the wall time beside it.
 COMPILE_REPORT = os.environ.get("QUADJAX_TEST_COMPILE_REPORT")
 COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-                  "/jax/core/compile/backend_compile_duration": "compile"}
+                  "/jax/core/compile/backend_compile_duration": "compile",
+                  "/quadjax/native/build_duration": "c++"}  # quadjax.native.BUILD_EVENT
 _compile_seconds: dict = {}  # {test node id: {"trace": s, "lower": s, "compile": s}}
 _current_test = None
 
@@ -86,7 +88,7 @@ if COMPILE_REPORT:
                 for k, v in seconds.items():
                     row[k] += v
         total = {k: sum(r[k] for r in per_file.values()) for k in COMPILE_EVENTS.values()}
-        terminalreporter.write_sep("=", "JAX compile seconds (trace / lower / compile), summed over the workers")
+        terminalreporter.write_sep("=", "JAX compile seconds (trace / lower / compile) and native C++ builds, summed over the workers")
         terminalreporter.write_line(" / ".join(f"{total[k]:.0f}" for k in total) + "  all tests")
         for file, row in sorted(per_file.items(), key=lambda kv: -sum(kv[1].values()))[:20]:
             terminalreporter.write_line(" / ".join(f"{row[k]:.1f}" for k in row) + f"  {file}")

@@ -49,6 +49,17 @@ def hexacopter(dtype=jnp.float64):
     )
 
 
+def lopsided(dtype=jnp.float64):
+    """Four rotors of unequal arms about a centre of mass off the frame's middle, with T_min > 0:
+    the pseudo-inverse's collective column differs per rotor and T_min/u does too, so a rotor
+    pair's two rows (i, j) and (j, i) carry different bounds (iris and the hexacopter have equal
+    columns and T_min = 0, where an exchange of the two goes unseen)."""
+    return MixerParams.create(
+        rotor_positions=((0.10, -0.18, 0.0), (-0.16, 0.20, 0.0), (0.12, 0.22, 0.0), (-0.14, -0.17, 0.0)),
+        rotor_spins=(1.0, 1.0, -1.0, -1.0), k_m=0.016, k_f=8.5e-6, t_min=0.4, t_max=8.0, dtype=dtype,
+    )
+
+
 def rectangle(dtype=jnp.float64):
     """An H-like frame: PX4 order at (±0.13, ±0.20) (opposed pairs, not a square)."""
     return MixerParams.create(
@@ -66,11 +77,14 @@ def vehicle(name, dtype=jnp.float64):
         return hexacopter(dtype)
     if name == "rectangle":
         return rectangle(dtype)
+    if name == "lopsided":
+        return lopsided(dtype)
     return mixer_params_from(presets.get(name, dtype=dtype))
 
 
-LAYOUTS = {"rp1": "quad_x", "cmu_plus": "plus", "iris": "generic", "hexacopter": "generic", "rectangle": "opposed_pairs"}
-PROPERTY_VEHICLES = ("rp1", "cmu_plus", "iris", "hexacopter")
+LAYOUTS = {"rp1": "quad_x", "cmu_plus": "plus", "iris": "generic", "hexacopter": "generic", "rectangle": "opposed_pairs",
+           "lopsided": "generic"}
+PROPERTY_VEHICLES = ("rp1", "cmu_plus", "iris", "hexacopter", "lopsided")
 DTYPES = (jnp.float32, jnp.float64)
 
 
@@ -337,7 +351,7 @@ def saturating_demands(name, n, seed):
     return np.concatenate([F[:, None], tau], axis=1)
 
 
-@pytest.mark.parametrize("name", ["rp1", "cmu_plus", "rectangle", "iris", "hexacopter"])
+@pytest.mark.parametrize("name", ["rp1", "cmu_plus", "rectangle", "iris", "hexacopter", "lopsided"])
 def test_priority_matches_lexicographic_lp(name):
     """σ maximal, then the collective closest to F, then s maximal — checked by an LP solver,
     on demands that saturate every way (closed form and pseudo-inverse paths alike)."""
@@ -515,7 +529,10 @@ def test_extreme_finite_demands_give_no_nan(name, dtype):
     T = out.thrusts
     assert np.all(np.isfinite(T)) and np.all(T >= k.lo) and np.all(T <= k.hi)
     assert np.all(np.isfinite(out.achieved)) and np.all(out.valid)
-    np.testing.assert_array_equal(T[:2], k.lo)  # no demand, or a negative collective: idle
+    # no demand, or a negative collective: idle, the least collective along P₀ (no torque) that keeps
+    # every rotor at T_min or above: all at T_min where P₀ is uniform, one of them on a lopsided frame
+    idle = k.lo * k.P[:, 0] / k.P[:, 0].min()
+    assert_within(T[:2], idle, 16 * eps_of(dtype) * k.hi)
     assert out.rp_scale[2] > 0
 
 
@@ -634,7 +651,7 @@ def test_to_rotor_command_inverts_the_thrust_law():
 
 def test_mixer_params_from_sets_limits_and_layouts():
     for name, kind in LAYOUTS.items():
-        if name in ("hexacopter", "rectangle"):
+        if name in ("hexacopter", "rectangle", "lopsided"):
             continue
         qp = presets.get(name)
         mp = mixer_params_from(qp)

@@ -48,6 +48,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -91,6 +92,9 @@ VECTOR_BYTES = _vector_bytes()
 # then rounds differently from XLA's un-fused operations (agreement to ~1e-13 in float64, tested),
 # but every vehicle still runs the same instructions in every lane, block, batch size and shard, so
 # its result never depends on them (tested bit for bit)
+#: the jax.monitoring duration event of each C++ compile of a generated kernel, in seconds (a cache
+#: hit records none): register_event_duration_secs_listener sees it beside JAX's compile events
+BUILD_EVENT = "/quadjax/native/build_duration"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
          "-ffp-contract=fast", "-w")
 
@@ -271,7 +275,10 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
         out, cc = Path(build) / lib.name, Path(build) / "quadjax_native.cc"
         cc.write_text(text)
         cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", "-o", str(out), str(cc)]
+        start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True)
+        # beside JAX's own compile events, so one listener sees where first-call time goes
+        jax.monitoring.record_event_duration_secs(BUILD_EVENT, time.perf_counter() - start)
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
         data = out.read_bytes()
