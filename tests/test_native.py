@@ -113,11 +113,15 @@ if sys.argv[1] == "variant":  # one effect restated: rotational drag ∝ ω|ω| 
     quadjax.quadrotor.rotational_drag_moment_c = lambda params, w: tuple(
         -a * x * jnp.abs(x) * 50.0 for a, x in zip(params.drag_rotational, w))
 from tests.helpers import busy_params, busy_state
+builds = []  # the C++ builds of this process (a kernel loaded from a cache records none)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **_: builds.append(seconds) if event == quadjax.native.BUILD_EVENT else None)
 p = busy_params(jnp.float64)
 s = busy_state(p, jnp.float64)
 u = jnp.tile(qj.hover_rotor_speed(p), (200, 1))
 out = [qj.simulate(p, s, 1e-3, commands=u, config=qj.SimConfig(backend=b, save_every=0)) for b in ("native", "xla")]
 assert [t.backend for t in out] == ["native", "xla"]
+assert sys.argv[1] != "variant" or (builds and min(builds) > 0), builds  # built from the variant, in its cache
 np.save(sys.argv[2], np.stack([np.asarray(quadjax.native.pack_state(t.final)) for t in out]))
 """
 
@@ -125,7 +129,8 @@ np.save(sys.argv[2], np.stack([np.asarray(quadjax.native.pack_state(t.final)) fo
 def test_a_one_line_physics_change_moves_the_kernel_exactly_as_it_moves_xla(tmp_path):
     """The proof that there is one source: plant a variant of one effect in the JAX model
     (nothing else touched), in a fresh process with its own kernel cache. The kernel is
-    generated from the variant, and its result moves from the base exactly as XLA's does."""
+    generated from the variant and built there (the process records its build), and its result
+    moves from the base exactly as XLA's does."""
     results = {}
     for which in ("base", "variant"):
         env = dict(os.environ, PYTHONPATH=REPO)
