@@ -15,6 +15,8 @@ from hypothesis import settings
 
 jax.config.update("jax_enable_x64", True)
 
+from quadjax.native import BUILD_EVENT  # noqa: E402 — quadjax is first imported with x64 on
+
 # One persistent XLA compilation cache per test run, shared by the pytest-xdist workers: a program
 # that both workers compile (a module fixture or a cached jit that each worker builds for its share
 # of a file's tests) is compiled once and loaded by the other. JAX keys an entry by the program, the
@@ -54,8 +56,8 @@ COMPILE_REPORT = os.environ.get("QUADJAX_TEST_COMPILE_REPORT")
 COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
                   "/jax/core/compile/backend_compile_duration": "compile",
-                  "/quadjax/native/build_duration": "c++"}  # quadjax.native.BUILD_EVENT
-_compile_seconds: dict = {}  # {test node id: {"trace": s, "lower": s, "compile": s}}
+                  BUILD_EVENT: "c++"}
+_compile_seconds: dict = {}  # {test node id: {"trace": s, "lower": s, "compile": s, "c++": s}}
 _current_test = None
 
 if COMPILE_REPORT:
@@ -88,7 +90,8 @@ if COMPILE_REPORT:
                 for k, v in seconds.items():
                     row[k] += v
         total = {k: sum(r[k] for r in per_file.values()) for k in COMPILE_EVENTS.values()}
-        terminalreporter.write_sep("=", "JAX compile seconds (trace / lower / compile) and native C++ builds, summed over the workers")
+        terminalreporter.write_sep("=", "JAX compile seconds (trace / lower / compile) and native C++ builds (c++), "
+                                        "summed over the workers")
         terminalreporter.write_line(" / ".join(f"{total[k]:.0f}" for k in total) + "  all tests")
         for file, row in sorted(per_file.items(), key=lambda kv: -sum(kv[1].values()))[:20]:
             terminalreporter.write_line(" / ".join(f"{row[k]:.1f}" for k in row) + f"  {file}")

@@ -92,11 +92,11 @@ VECTOR_BYTES = _vector_bytes()
 # then rounds differently from XLA's un-fused operations (agreement to ~1e-13 in float64, tested),
 # but every vehicle still runs the same instructions in every lane, block, batch size and shard, so
 # its result never depends on them (tested bit for bit)
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+         "-ffp-contract=fast", "-w")
 #: the jax.monitoring duration event of each C++ compile of a generated kernel, in seconds (a cache
 #: hit records none): register_event_duration_secs_listener sees it beside JAX's compile events
 BUILD_EVENT = "/quadjax/native/build_duration"
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
-         "-ffp-contract=fast", "-w")
 
 
 def kernel_step(params_h, state: QuadState, command, wind, wrench) -> QuadState:
