@@ -73,17 +73,14 @@ def vehicle(name, dtype=jnp.float64):
     """A mixer by name; "<name>/generic" forces the pseudo-inverse path on that geometry."""
     if name.endswith("/generic"):
         return vehicle(name.split("/")[0], dtype).replace(layout=GENERIC)
-    if name == "hexacopter":
-        return hexacopter(dtype)
-    if name == "rectangle":
-        return rectangle(dtype)
-    if name == "lopsided":
-        return lopsided(dtype)
+    if name in BUILT:
+        return BUILT[name](dtype)
     return mixer_params_from(presets.get(name, dtype=dtype))
 
 
-LAYOUTS = {"rp1": "quad_x", "cmu_plus": "plus", "iris": "generic", "hexacopter": "generic", "rectangle": "opposed_pairs",
-           "lopsided": "generic"}
+BUILT = {"hexacopter": hexacopter, "rectangle": rectangle, "lopsided": lopsided}  # test frames, not presets
+LAYOUTS = {"rp1": "quad_x", "cmu_plus": "plus", "iris": "generic", "hexacopter": "generic",
+           "rectangle": "opposed_pairs", "lopsided": "generic"}
 PROPERTY_VEHICLES = ("rp1", "cmu_plus", "iris", "hexacopter", "lopsided")
 DTYPES = (jnp.float32, jnp.float64)
 
@@ -651,7 +648,7 @@ def test_to_rotor_command_inverts_the_thrust_law():
 
 def test_mixer_params_from_sets_limits_and_layouts():
     for name, kind in LAYOUTS.items():
-        if name in ("hexacopter", "rectangle", "lopsided"):
+        if name in BUILT:
             continue
         qp = presets.get(name)
         mp = mixer_params_from(qp)
