@@ -190,11 +190,12 @@ def small_sweep(**settings):
 CLOSED_LOOP_TARGET = (0.05, -0.03, 0.05)
 
 
-def closed_loop_case(name, dtype, n=5, ticks=30, dt=0.002, substeps=2):
+def closed_loop_case(name, dtype, n=5, ticks=30, dt=0.002, substeps=2, reference=True):
     """N vehicles of different mass and inertia from scattered velocities under ``name`` ("pid" or
     "geometric"), the worst distance to the target folded: the kernels' arguments (a dict for
-    ``closed_loop(**case["args"], ...)``) and the engine's answer on XLA (final, ctrl state, fold)
-    from ``jax.vmap(simulate(controller=..., hooks=(Reduce(...),)))``."""
+    ``closed_loop(**case["args"], ...)``) and, unless ``reference`` is False (a test that flies its
+    own XLA comparison: this one costs a compile of seconds), the engine's answer on XLA (final,
+    ctrl state, fold) from ``jax.vmap(simulate(controller=..., hooks=(Reduce(...),)))``."""
     import functools
 
     from quadjax.control import (CascadeRates, GeometricController, Hover, PIDController, geometric_control,
@@ -226,7 +227,7 @@ def closed_loop_case(name, dtype, n=5, ticks=30, dt=0.002, substeps=2):
 
     args = dict(params=ps, state0=s0, controller=law, ctrl_params=ctrl, ctrl_state=cs0, dt=dt, num_ticks=ticks,
                 substeps=substeps, fold=worst, fold_init=zero)
-    return {"args": args, "reference": jax.jit(jax.vmap(one))(ps, s0, cs0), "init": init}
+    return {"args": args, "reference": jax.jit(jax.vmap(one))(ps, s0, cs0) if reference else None, "init": init}
 
 
 def worst_relative(a, b) -> float:

@@ -69,7 +69,7 @@ def test_the_engine_closed_loop_runs_native_and_equals_xla(name, dtype):
 def test_shared_params_and_a_partial_block():
     """Params shared by all N = 11 vehicles (not a multiple of the 4 float64 lanes), states
     scattered: each vehicle equals its XLA flight."""
-    case = closed_loop_case("pid", jnp.float64, n=11, ticks=20)
+    case = closed_loop_case("pid", jnp.float64, n=11, ticks=20, reference=False)
     a = case["args"]
     one_p = jax.tree_util.tree_map(lambda x: x[0], a["params"])
     got = _fleet(a, "native", in_axes=(None, 0, 0))(one_p, a["state0"], a["ctrl_state"])
@@ -98,7 +98,7 @@ class _SpeedLimit(Hook):
 def test_stopped_vehicles_freeze_with_the_same_codes_and_ticks():
     """A hook stops the vehicles whose speed passes 0.12 m/s, each at its own tick: status 42, the
     tick, the frozen state and the hook's count equal XLA's; the others fly on (status 0)."""
-    case = closed_loop_case("pid", jnp.float64, n=8, ticks=60)
+    case = closed_loop_case("pid", jnp.float64, n=8, ticks=60, reference=False)
     a = case["args"]
     rng = np.random.default_rng(3)
     s0 = a["state0"].replace(velocity=jnp.asarray(rng.uniform(-0.12, 0.12, (8, 3)), jnp.float64))
@@ -171,7 +171,7 @@ def test_a_tick_it_cannot_compile_falls_back_naming_the_primitive():
 def test_grad_around_the_fleet_equals_xla():
     """d(mean fold)/d(mass scale) through vmap(simulate) on the native backend (its JVP is the same
     ticks on XLA) equals the XLA backend's."""
-    case = closed_loop_case("pid", jnp.float64, n=3, ticks=15)
+    case = closed_loop_case("pid", jnp.float64, n=3, ticks=15, reference=False)
     a = case["args"]
 
     def loss(scale, backend):
@@ -189,7 +189,7 @@ def test_series_in_and_saved_outputs_out(dtype, every):
     """Streamed series and saved ticks go through the one native call: per-vehicle wind and a
     wrench shared by the fleet read at each tick's index; states, commands and the monitor
     saved every ``every``-th tick (the monitor checks every tick); all equal the XLA backend's."""
-    case = closed_loop_case("pid", dtype, n=11, ticks=40)
+    case = closed_loop_case("pid", dtype, n=11, ticks=40, reference=False)
     a = case["args"]
     T = a["num_ticks"]
     rng = np.random.default_rng(1)
