@@ -122,3 +122,32 @@ def test_second_call_with_new_values_does_not_recompile():
     f(p.replace(mass=jnp.asarray(2.0, f64), wind=jnp.asarray([5.0, 0, 0], f64)), s.replace(energy=jnp.asarray(7.0, f64)),
       command_for(p, (1, 1, 1, 1)), 2e-3)
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("effects", [{}, {"k_inflow": 0.02, "rotor_radius": 0.12, "rotor_reaction_inertia": 2e-6,
+                                          "rotor_drag": 1e-7, "blade_flapping": 1e-6}], ids=["off", "on"])
+def test_an_un_jitted_derivative_compiles_nothing_once_warm_and_equals_the_gated_program(effects):
+    """Op by op, the effect gates (quadjax._components.gated) branch in Python on a known gate: a
+    lax.cond of fresh closures compiled anew on every call (two per qj.derivative, 98 of its 137
+    ms, before). The values are the jitted program's, whose gates are traced (a cond), with every
+    gated effect off and on."""
+    p = busy_params().replace(**{k: jnp.asarray(v, jnp.float64) for k, v in effects.items()})
+    s = busy_state(p).replace(position=jnp.asarray([0.1, -0.2, 0.3]))  # low: the ground effect acts
+    us = [command_for(p) * (1 + 0.01 * k) for k in range(3)]
+    compiles = []
+
+    def count(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    qj.derivative(p, s, us[0])  # warm: each primitive's own executable
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        eager = [qj.derivative(p, s, u) for u in us]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert compiles == []
+    traced = jax.jit(qj.derivative)
+    assert "cond" in str(jax.make_jaxpr(qj.derivative)(p, s, us[0]))  # the jitted program keeps its gates
+    for u, e in zip(us, eager):
+        leaves_close(e, traced(p, s, u), rtol=16 * float(jnp.finfo(jnp.float64).eps), atol=1e-30)
