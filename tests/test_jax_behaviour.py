@@ -126,28 +126,35 @@ def test_second_call_with_new_values_does_not_recompile():
 
 @pytest.mark.parametrize("effects", [{}, {"k_inflow": 0.02, "rotor_radius": 0.12, "rotor_reaction_inertia": 2e-6,
                                           "rotor_drag": 1e-7, "blade_flapping": 1e-6}], ids=["off", "on"])
-def test_an_un_jitted_derivative_compiles_nothing_once_warm_and_equals_the_gated_program(effects):
-    """Op by op, the effect gates (quadjax._components.gated) branch in Python on a known gate: a
-    lax.cond of fresh closures compiled anew on every call (two per qj.derivative, 98 of its 137
-    ms, before). The values are the jitted program's, whose gates are traced (a cond), with every
-    gated effect off and on."""
+def test_un_jitted_model_calls_compile_nothing_once_warm_and_equal_the_jitted_program(effects):
+    """Op by op, the effect gates (quadjax._components.gated) branch in Python on a known gate and
+    RK4's stage loop runs in Python: a lax.cond or lax.scan of fresh closures compiled anew on
+    every call (before: two compiles per qj.derivative, 98 of its 137 ms; one per XLA-form step,
+    547 of its 690 ms). The values are the jitted program's, which keeps its cond and scan, with
+    every gated effect off and on."""
+    from quadjax.integrators import rk4_step_xla
+
     p = busy_params().replace(**{k: jnp.asarray(v, jnp.float64) for k, v in effects.items()})
     s = busy_state(p).replace(position=jnp.asarray([0.1, -0.2, 0.3]))  # low: the ground effect acts
     us = [command_for(p) * (1 + 0.01 * k) for k in range(3)]
+    calls = {"derivative": lambda u: qj.derivative(p, s, u), "rk4_step_xla": lambda u: rk4_step_xla(p, s, u, 2e-3)}
     compiles = []
 
     def count(event, duration, **_):
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(duration)
 
-    qj.derivative(p, s, us[0])  # warm: each primitive's own executable
+    for f in calls.values():  # warm: each primitive's own executable
+        f(us[0])
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
-        eager = [qj.derivative(p, s, u) for u in us]
+        eager = {name: [f(u) for u in us] for name, f in calls.items()}
     finally:
         jax.monitoring.unregister_event_duration_listener(count)
     assert compiles == []
-    traced = jax.jit(qj.derivative)
-    assert "cond" in str(jax.make_jaxpr(qj.derivative)(p, s, us[0]))  # the jitted program keeps its gates
-    for u, e in zip(us, eager):
-        leaves_close(e, traced(p, s, u), rtol=16 * float(jnp.finfo(jnp.float64).eps), atol=1e-30)
+    jaxpr = str(jax.make_jaxpr(lambda p, s, u: (qj.derivative(p, s, u), rk4_step_xla(p, s, u, 2e-3)))(p, s, us[0]))
+    assert "cond[" in jaxpr and "scan[" in jaxpr  # the jitted program keeps its gates and its stage loop
+    jitted = {"derivative": jax.jit(qj.derivative), "rk4_step_xla": jax.jit(lambda p, s, u: rk4_step_xla(p, s, u, 2e-3))}
+    for name, values in eager.items():
+        for u, e in zip(us, values):
+            leaves_close(e, jitted[name](p, s, u), rtol=16 * float(jnp.finfo(jnp.float64).eps), atol=1e-30)
