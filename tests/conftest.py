@@ -31,11 +31,12 @@ if not os.environ.get(XLA_CACHE_VAR):
 if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # a cache the caller chose is kept
     jax.config.update("jax_compilation_cache_dir", os.environ[XLA_CACHE_VAR])
     # Every program is kept, not only those over JAX's default 1 s: of the suite's ~5 600 backend
-    # compiles, 5 100 take under 0.2 s, and many are the same program again (op by op, rk4_step's
-    # stage scan is a new closure, so compiled anew, on every call; both workers compile the same
-    # small programs). 2026-12-05, -n 2, warm kernel cache: files that run the model op by op gain
-    # most (test_effects 65 -> 37 test-seconds, test_sysid 66 -> 43); the whole suite 981 s against
-    # 1 004 s, one run each (within this machine's noise); the cache reaches ~90 MB.
+    # compiles, 5 100 took under 0.2 s, and many are the same program again (both workers compile
+    # the same small programs; tests build the same jit of a new closure). 2026-12-05, -n 2, warm
+    # kernel cache, before un-jitted model calls stopped compiling (quadjax.integrators.runge_kutta4):
+    # files that run the model op by op gained most (test_effects 65 -> 37 test-seconds, test_sysid
+    # 66 -> 43); the whole suite 981 s against 1 004 s, one run each (within this machine's noise).
+    # The cache reached ~90 MB.
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
