@@ -10,7 +10,7 @@ wrench ``(force, moment)``; :func:`component_stepper` maps a stepper to it.
 import jax
 import jax.numpy as jnp
 
-from quadjax._components import join, join_params, join_state, split, split_params, split_state, total
+from quadjax._components import join, join_params, join_state, op_by_op, split, split_params, split_state, total
 from quadjax.model import derivative_c
 from quadjax.params import QuadParams
 from quadjax.quadrotor import (
@@ -134,21 +134,13 @@ def runge_kutta4(f, x, h, *, axpy=None, at_stage=None):
             x_next = at_stage(x_next, j)
         return (x_next, axpy(acc, h * b[i], k)), None
 
-    if _op_by_op((x, h)):  # un-jitted: a scan of a fresh closure would be compiled on every call
+    if op_by_op((x, h)):  # un-jitted (a scan of this closure would be compiled on every call)
         carry = (x, x)
         for i in range(4):
             carry, _ = stage(carry, i)
         return carry[1]
     (_, after), _ = jax.lax.scan(stage, (x, x), jnp.arange(4))
     return after
-
-
-def _op_by_op(tree) -> bool:
-    """Whether ``tree`` is being evaluated op by op (un-jitted): no leaf is a tracer, and a new array
-    is not staged either (a jit that closes over a concrete ``tree`` stages every operation)."""
-    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree)):
-        return False
-    return not isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
 def _tree_axpy(x, a, k):
