@@ -383,7 +383,9 @@ def _scan_of_vmapped(step):
 def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
     """``lax.scan(jax.vmap(rk4_step))`` on the CPU lowers to the kernel (one call per step for
     the batch, on the state's leaves as they are), equals the XLA form of the step, and equals the engine's kernel rollout bit
-    for bit (one generated step, whatever calls it)."""
+    for bit (one generated step, whatever calls it). A fleet of 4 125 vehicles (enough for the
+    kernel to hand each thread its share of blocks, each block's commands transposed whole) gives
+    each vehicle the bits it gets among the 11."""
     from quadjax.integrators import rk4_step_xla
 
     T, R = 20, 4
@@ -400,6 +402,11 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
     engine = jax.jit(jax.vmap(lambda p, s, u, dt: qj.simulate(
         p, s, dt, commands=u, config=qj.SimConfig(backend="native", save_every=0)).final))
     leaves_equal(got, engine(ps, s, u, dt))
+    copies = 375
+    tiled = jax.tree_util.tree_map(lambda x: jnp.tile(x, (copies,) + (1,) * (x.ndim - 1)), (ps, s, u, dt))
+    many = mine(*tiled)
+    leaves_equal(jax.tree_util.tree_map(lambda x: x.reshape((copies, 11) + x.shape[1:]), many),
+                 jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (copies,) + x.shape), got))
     # leading batch dims without vmap broadcast as in the XLA form
     one = fleet[0][0]  # one params for the whole batch
     leaves_close(jax.jit(qj.rk4_step)(one, s, u[:, 0], dt), jax.jit(rk4_step_xla)(one, s, u[:, 0], dt),

@@ -92,8 +92,13 @@ VECTOR_BYTES = _vector_bytes()
 # then rounds differently from XLA's un-fused operations (agreement to ~1e-13 in float64, tested),
 # but every vehicle still runs the same instructions in every lane, block, batch size and shard, so
 # its result never depends on them (tested bit for bit)
+# -mprefer-vector-width=512 where the vectors are 64 bytes: GCC otherwise (its tuning for these CPUs)
+# vectorises a lane-wise helper (fabs, sqrt, ...) in 256-bit halves, stores both halves and loads the
+# whole vector back, which cannot be forwarded from two stores: a stall at every such call. With it, the
+# rollout took 14.7-15.3 against 19.5 ns CPU per vehicle-step on one core, grad 56 against 70 ns wall
+# (benchmarks/README.md, 2026-12-05). It changes no lane's arithmetic.
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
-         "-ffp-contract=fast", "-w")
+         "-ffp-contract=fast", "-w") + (("-mprefer-vector-width=512",) if VECTOR_BYTES == 64 else ())
 #: the jax.monitoring duration event of each C++ compile of a generated kernel, in seconds (a cache
 #: hit records none): register_event_duration_secs_listener sees it beside JAX's compile events
 BUILD_EVENT = "/quadjax/native/build_duration"
@@ -778,9 +783,10 @@ def _kernel_step(fallback, params, state, command, dt):
 
 @jax.custom_batching.custom_vmap
 def _step_call(P, *args):
-    """The step kernel on the whole batch: the state's leaves (batch..., *leaf shape), the command
-    (batch..., 1, R), vehicle-minor (the batch dims minor, so that XLA keeps a scan's carry in
-    that layout and the kernel reads each block's values as vectors), every argument of one rank
+    """The step kernel on the whole batch: the state's leaves (batch..., *leaf shape), vehicle-minor
+    (the batch dims minor, so that XLA keeps a scan's carry in that layout and the kernel reads
+    each block's values as vectors), and the command (batch..., 1, R), row-major (a scan's tick of
+    time-major commands as XLA holds it; the kernel transposes each block's), every argument of one rank
     per core shape (batch dims equal or 1). A leaf with the results' shape is updated in place.
     Batched by :func:`_step_call_vmap`, so that a ``vmap`` of it stays one call whose layout is
     vehicle-minor over all the batch dims (``jax.ffi.ffi_call``'s own batching would make the
@@ -796,7 +802,7 @@ def _step_call(P, *args):
 
     call = jax.ffi.ffi_call(
         _target(u.dtype, u.shape[-1], "step"), [jax.ShapeDtypeStruct(sh, u.dtype) for sh in shapes],
-        input_layouts=[None] + [minor(x.ndim, c) for x, c in zip(leaves, cores)] + [minor(u.ndim, 2), None, None],
+        input_layouts=[None] + [minor(x.ndim, c) for x, c in zip(leaves, cores)] + [None, None, None],
         output_layouts=[minor(len(sh), c) for sh, c in zip(shapes, cores)],
         input_output_aliases={1 + l: l for l, x in enumerate(leaves) if x.shape == shapes[l]})
     return list(call(P, *leaves, u, wind, wrench))

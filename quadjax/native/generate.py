@@ -294,6 +294,7 @@ class _VectorEmitter(_Emitter):
 
 VECTOR_PRELUDE = """#include <cmath>
 #include <cstdint>
+#include <cstring>
 // Lane-wise helpers over GCC vector types (quadjax.native.generate). XLA's max/min/clamp
 // propagate NaN, as these do; libm functions apply lane by lane (the compiler vectorises the
 // ones with a vector instruction: sqrt, fabs).
@@ -301,8 +302,13 @@ template <class V> inline V qj_vmax(V a, V b) { return ((a != a) | (a > b)) ? a 
 template <class V> inline V qj_vmin(V a, V b) { return ((a != a) | (a < b)) ? a : b; }
 template <class V, class M> inline V qj_vfloat(M m) { return m ? (V{} + 1) : V{}; }
 template <class M> inline bool qj_any(M m) {  // some lane of the mask is set
-  for (unsigned l = 0; l < sizeof(M) / sizeof(m[0]); ++l) if (m[l]) return true;
-  return false;
+  // OR of the mask's 64-bit words: GCC folds it in registers (10 instructions for 16 lanes), where a
+  // test lane by lane took ~45 through the stack, at every gated effect of every stage
+  std::uint64_t w[sizeof(M) / 8];
+  std::memcpy(w, &m, sizeof(M));
+  std::uint64_t any = 0;
+  for (unsigned i = 0; i < sizeof(M) / 8; ++i) any |= w[i];
+  return any != 0;
 }
 #define QJ_LANEWISE(NAME, EXPR)                                                    \
   template <class V> inline V NAME(V a) {                                          \

@@ -22,17 +22,20 @@
 // Results: final (..., N_S); saved (..., T / save_every, N_S) (empty when save_every = 0), or, from
 // the leaves entry (QUADJAX_ROLLOUT_LEAVES), one saved result per state leaf (..., T / save_every,
 // leaf size), as the engine's QuadState holds them.
-// The step entry point takes the state as its 7 QuadState leaves and one command row (..., 1, R),
-// all vehicle-minor (see Step), and returns the 7 leaves in that layout (XLA updates them in place).
+// The step entry point takes the state as its 7 QuadState leaves, vehicle-minor, and one command
+// row (..., 1, R), row-major (see Step), and returns the 7 leaves vehicle-minor (XLA updates them
+// in place).
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include <sys/mman.h>
@@ -156,18 +159,77 @@ struct LaneRows {
   }
 };
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define QJ_SHUFFLES 1  // GCC's two-vector __builtin_shuffle: register transpositions below
+// The masks of TransposeTile: at the stage of distance d, rows a and a + d (a & d == 0) swap the
+// off-diagonal d x d blocks of their 2d-lane column blocks: `lo` makes row a, `hi` row a + d.
+template <int W, typename I>
+struct TileMasks {
+  I lo[8][W] = {}, hi[8][W] = {};
+  constexpr TileMasks() {
+    for (int k = 0, d = W / 2; d >= 1; ++k, d /= 2)
+      for (int l = 0; l < W; ++l) {
+        const int o = l % (2 * d), c = l - o;
+        lo[k][l] = o < d ? l : W + c + o - d;
+        hi[k][l] = o < d ? c + d + o : W + l;
+      }
+  }
+};
+template <int W, typename I>
+inline constexpr TileMasks<W, I> kTileMasks{};
+
+// r[i] (lane j) <- r[j] (lane i): a W x W transposition in registers, log2(W) stages of W
+// two-vector shuffles.
+template <class V, int W>
+inline void TransposeTile(V* r) {
+  typedef std::conditional_t<sizeof(r[0][0]) == 4, int32_t, int64_t> I;
+  typedef I M __attribute__((vector_size(sizeof(V))));
+  constexpr const auto& masks = kTileMasks<W, I>;
+  for (int k = 0, d = W / 2; d >= 1; ++k, d /= 2) {
+    M lo, hi;
+    std::memcpy(&lo, masks.lo[k], sizeof(M));
+    std::memcpy(&hi, masks.hi[k], sizeof(M));
+    for (int a = 0; a < W; ++a)
+      if (!(a & d)) {
+        const V x = r[a], y = r[a + d];
+        r[a] = __builtin_shuffle(x, y, lo);
+        r[a + d] = __builtin_shuffle(x, y, hi);
+      }
+  }
+}
+#endif
+
 // The vectors x[0..n) of the block: lane j of x[i] is src[at.row[j] * row_step + i * step]. Each
 // vector is assembled in registers and stored whole. (Storing lane by lane into memory and then
 // loading the vector defeats store-to-load forwarding: that way the gather and scatter of a
 // one-step call cost twice its step; benchmarks/README.md, 2026-12-04.)
+//
+// Whole vectors are moved as one load or store of an unaligned vector type. A memcpy of one, as
+// GCC expands it for this project's AVX-512 CPU (it prefers 256-bit moves), stores a 64-byte
+// vector as two halves, and the step's 64-byte load of it then cannot be forwarded from them:
+// a store-forwarding stall on every value of a block (benchmarks/README.md, 2026-12-05).
 template <class V, typename F, int W>
 inline void Gather(V* x, const F* src, const LaneRows<W>& at, int64_t row_step, int n, int64_t step = 1) {
+  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
   if (at.shared) {
     for (int i = 0; i < n; ++i) x[i] = V{} + src[i * step];
   } else if (at.consecutive && row_step == 1) {
-    for (int i = 0; i < n; ++i) std::memcpy(&x[i], src + at.row[0] + i * step, sizeof(V));
+    for (int i = 0; i < n; ++i) x[i] = *reinterpret_cast<const U*>(src + at.row[0] + i * step);
   } else {
-    for (int i = 0; i < n; ++i) {
+    int i0 = 0;
+#ifdef QJ_SHUFFLES
+    // each lane's run of values contiguous (a rollout's command rows, packed state rows): W x W
+    // tiles, a vector load per lane and a transposition in registers, where lane by lane took a
+    // load and an insert per value (a tenth of a one-core rollout's time went to staging commands)
+    if (step == 1)
+      for (; i0 + W <= n; i0 += W) {
+        V r[W];
+        for (int j = 0; j < W; ++j) r[j] = *reinterpret_cast<const U*>(src + at.row[j] * row_step + i0);
+        TransposeTile<V, W>(r);
+        for (int i = 0; i < W; ++i) x[i0 + i] = r[i];
+      }
+#endif
+    for (int i = i0; i < n; ++i) {
       V v;
       for (int j = 0; j < W; ++j) v[j] = src[at.row[j] * row_step + i * step];
       x[i] = v;
@@ -178,12 +240,62 @@ inline void Gather(V* x, const F* src, const LaneRows<W>& at, int64_t row_step, 
 // The first `count` lanes of the vectors x[0..n) out: lane j of x[i] to dst[at.row[j] * row_step + i * step].
 template <class V, typename F, int W>
 inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, const V* x, int n, int64_t step = 1) {
+  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
   if (at.consecutive && row_step == 1) {
-    for (int i = 0; i < n; ++i) std::memcpy(dst + at.row[0] + i * step, &x[i], sizeof(V));
+    for (int i = 0; i < n; ++i) *reinterpret_cast<U*>(dst + at.row[0] + i * step) = x[i];
     return;
   }
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < count; ++j) dst[at.row[j] * row_step + i * step] = x[i][j];
+}
+
+#ifdef QJ_SHUFFLES
+// The shuffle masks of TransposeRows: for value i, `first` picks lane j's source from the first
+// two vectors, `next[k]` from vector k, keeping the lanes already picked.
+template <int N, int W, typename I>
+struct TransposeMasks {
+  I first[N][W] = {}, next[N][N][W] = {};
+  constexpr TransposeMasks() {
+    for (int i = 0; i < N; ++i)
+      for (int j = 0; j < W; ++j) {
+        const int e = j * N + i;  // lane j of value i: element e of the rows, in vector e / W
+        first[i][j] = e / W == 1 ? W + e % W : e % W;
+        for (int k = 2; k < N; ++k) next[i][k][j] = e / W == k ? W + e % W : j;
+      }
+  }
+};
+template <int N, int W, typename I>
+inline constexpr TransposeMasks<N, W, I> kTransposeMasks{};
+#endif
+
+// x[i] (lane j) = src[j * N + i]: the W consecutive rows of N values that start at src (a block's
+// rows of a row-major (vehicles, N) input, e.g. a one-step call's commands). N vector loads and
+// N - 1 two-vector shuffles per value (AVX-512: vpermt2ps) with GCC; lane by lane elsewhere.
+template <int N, class V, class M, typename F, int W>
+inline void TransposeRows(V* x, const F* src) {
+#ifdef QJ_SHUFFLES
+  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
+  using I = std::remove_cv_t<std::remove_reference_t<decltype(M{}[0])>>;
+  constexpr const auto& masks = kTransposeMasks<N, W, I>;
+  V v[N];
+  for (int k = 0; k < N; ++k) v[k] = *reinterpret_cast<const U*>(src + k * W);
+  for (int i = 0; i < N; ++i) {
+    M m;
+    std::memcpy(&m, masks.first[i], sizeof(M));
+    V acc = __builtin_shuffle(v[0], v[N > 1 ? 1 : 0], m);
+    for (int k = 2; k < N; ++k) {
+      std::memcpy(&m, masks.next[i][k], sizeof(M));
+      acc = __builtin_shuffle(acc, v[k], m);
+    }
+    x[i] = acc;
+  }
+#else
+  for (int i = 0; i < N; ++i) {
+    V v;
+    for (int j = 0; j < W; ++j) v[j] = src[j * N + i];
+    x[i] = v;
+  }
+#endif
 }
 
 // The block's lanes: their own rows (results) and their rows in the commands, wind and wrench.
@@ -221,7 +333,10 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
     // stage the block's next commands lane-major: each vehicle's rows are read as one sequential
     // stream instead of one strided line per vehicle per tick
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    Gather(&B.staged[0][0], job.commands + t0 * R * job.c_value, lanes.c, job.c_row, len * R, job.c_value);
+    if (len == 1 && lanes.c.consecutive && job.c_row == R && job.c_value == 1)  // one tick, row-major: a step's
+      TransposeRows<R, typename K::V, typename K::M, F, W>(B.staged[0], job.commands + lanes.c.row[0] * R);
+    else
+      Gather(&B.staged[0][0], job.commands + t0 * R * job.c_value, lanes.c, job.c_row, len * R, job.c_value);
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
       for (int r = 0; r < R; ++r) B.u[r] = B.staged[tt][r];
@@ -241,50 +356,92 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
 // Blocks handed out to the calling thread and to helpers on XLA's intra-op pool. The caller
 // never waits for a helper that has not started: a call made from inside a pool task (a
 // sharded program on forced host devices) with every pool thread busy would otherwise wait
-// forever. A helper that starts after the caller finished finds the pool closed and returns.
-struct Pool {
+// forever. A helper that starts after the caller finished finds the crew closed and returns.
+//
+// The blocks are cut into one contiguous share per thread (the caller's first). A thread takes
+// its own share's blocks from a counter of its own, then helps with the others'. So the same
+// thread handles the same vehicles call after call (a user's scan of one-step calls keeps each
+// vehicle's state in one core's cache), and the threads do not contend for one counter. Every
+// value that one thread writes while another reads sits in a cache line of its own. Handing out
+// single blocks from one shared counter, a one-step call at N = 4096 was slower on two threads
+// than on one (benchmarks/README.md, 2026-12-05).
+struct alignas(64) Share {
   std::atomic<int64_t> next{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = 0;
-  bool closed = false;
-  std::function<void()> work;
+  int64_t end = 0;
 };
+
+struct Crew {
+  std::unique_ptr<Share[]> shares;
+  int64_t count = 1;
+  std::function<void(int64_t)> work;  // by the thread whose share is the argument
+  alignas(64) std::atomic<int> running{0};  // helpers started and not finished
+  std::mutex mu;  // guards `closed` and the helpers' start
+  std::condition_variable cv;
+  bool closed = false;
+};
+
+// How long the caller spins for helpers still on their last block before it sleeps: a helper's
+// block outlasts it only in long calls, where one wake-up does not count. Sleeping at once, a
+// one-step call paid a cross-core wake-up (microseconds on this project's VM) every time.
+constexpr auto kSpin = std::chrono::microseconds(20);
+
+inline void Relax() {  // one turn of a spin-wait
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 // Blocks [0, blocks) on the calling thread and helpers, each thread with its own working set
 // `State` (heap: it is large); `heavy`: enough work that helpers pay for themselves.
 template <class State, class Body>
 void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, const Body& body) {
-  auto shared = std::make_shared<Pool>();
-  shared->work = [&body, blocks, next = &shared->next] {
-    std::unique_ptr<State> state(new State());
-    for (int64_t b; (b = next->fetch_add(1)) < blocks;) body(*state, b);
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), blocks) - 1;  // XLA's intra-op pool
-  if (helpers > 0 && heavy) {
-    for (int64_t i = 0; i < helpers; ++i)
-      pool.Schedule([shared] {
-        {
-          std::lock_guard<std::mutex> lock(shared->mu);
-          if (shared->closed) return;
-          ++shared->running;
-        }
-        shared->work();
-        std::lock_guard<std::mutex> lock(shared->mu);
-        if (--shared->running == 0) shared->cv.notify_all();
-      });
+  auto crew = std::make_shared<Crew>();
+  const int64_t helpers = heavy ? std::min<int64_t>(pool.num_threads(), blocks) - 1 : 0;  // XLA's intra-op pool
+  const int64_t count = std::max<int64_t>(helpers, 0) + 1;
+  crew->count = count;
+  crew->shares.reset(new Share[count]);
+  for (int64_t k = 0; k < count; ++k) {
+    crew->shares[k].next.store(blocks * k / count, std::memory_order_relaxed);
+    crew->shares[k].end = blocks * (k + 1) / count;
   }
-  shared->work();
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->closed = true;  // helpers not yet started will not touch this call's buffers
-  shared->cv.wait(lock, [&] { return shared->running == 0; });
+  crew->work = [&body, shares = crew->shares.get(), count](int64_t own) {
+    std::unique_ptr<State> state(new State());
+    for (int64_t i = 0; i < count; ++i) {
+      Share& share = shares[(own + i) % count];
+      for (int64_t b; (b = share.next.fetch_add(1, std::memory_order_relaxed)) < share.end;) body(*state, b);
+    }
+  };
+  for (int64_t i = 0; i < helpers; ++i)
+    pool.Schedule([crew, i] {
+      {
+        std::lock_guard<std::mutex> lock(crew->mu);
+        if (crew->closed) return;
+        crew->running.fetch_add(1, std::memory_order_relaxed);
+      }
+      crew->work(i + 1);
+      if (crew->running.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(crew->mu);
+        crew->cv.notify_all();
+      }
+    });
+  crew->work(0);
+  const auto spin_from = std::chrono::steady_clock::now();
+  while (crew->running.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() - spin_from < kSpin)
+    Relax();
+  std::unique_lock<std::mutex> lock(crew->mu);
+  crew->closed = true;  // helpers not yet started will not touch this call's buffers
+  crew->cv.wait(lock, [&] { return crew->running.load(std::memory_order_acquire) == 0; });
 }
 
-// Every vehicle of the batch through the job, in blocks of W.
+// Every vehicle of the batch through the job, in blocks of W. Helpers from 2 048 vehicle-steps
+// (~40 us of work here): a one-step call at N = 2 048 took 18 against 25 ns per vehicle on two
+// threads; at N = 1 024 they gained little and doubled the CPU time (2026-12-05).
 template <class K>
 void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
   constexpr int W = K::W;
-  Parallel<Block<K>>(pool, (n + W - 1) / W, n * job.T * job.substeps >= (int64_t{1} << 12),
+  Parallel<Block<K>>(pool, (n + W - 1) / W, n * job.T * job.substeps >= (int64_t{1} << 11),
                      [&](Block<K>& block, int64_t b) {
                        RunBlock<K>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
                      });
@@ -404,9 +561,11 @@ ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<ty
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
 }
 
-// One step (quadjax.rk4_step) on the state's leaves, each (...) or (..., width), and one command
-// (..., 1, R): all vehicle-minor (the batch dims are the minor ones: value i of row r at
-// i * rows + r), the leaves' results too. Params, wind and wrench are rows, as in the rollout.
+// One step (quadjax.rk4_step) on the state's leaves, each (...) or (..., width), vehicle-minor (the
+// batch dims are the minor ones: value i of row r at i * rows + r), the leaves' results too. The
+// command (..., 1, R), params, wind and wrench are rows, as in the rollout: a scan's tick of
+// time-major commands reaches the kernel as XLA holds it, where a vehicle-minor command cost XLA
+// a transposing copy per tick, on one thread (benchmarks/README.md, 2026-12-05).
 template <class K>
 ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> s0, Buf<typename K::F> s1,
                 Buf<typename K::F> s2, Buf<typename K::F> s3, Buf<typename K::F> s4, Buf<typename K::F> s5,
@@ -434,8 +593,8 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   }
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
-  job.c_row = 1;
-  job.c_value = Count(commands.dimensions()) / K::N_U;
+  job.c_row = K::N_U;  // row-major (batch..., 1, R): a tick of a time-major series as XLA holds it
+  job.c_value = 1;
   job.substeps = 1;
   job.save_every = 0;
   Run<K>(pool, job, n);
