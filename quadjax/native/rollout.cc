@@ -410,7 +410,15 @@ void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, const Body& bod
     std::unique_ptr<State> state(new State());
     for (int64_t i = 0; i < count; ++i) {
       Share& share = shares[(own + i) % count];
-      for (int64_t b; (b = share.next.fetch_add(1, std::memory_order_relaxed)) < share.end;) body(*state, b);
+      // guided: a quarter of what is left, at least one block. A counter's locked add waits for the
+      // thread's stores to drain; one per block took 12 % of a one-core one-step call at N = 4 096
+      for (;;) {
+        const int64_t left = share.end - share.next.load(std::memory_order_relaxed);
+        const int64_t take = std::max<int64_t>(1, left / 4);
+        const int64_t b0 = share.next.fetch_add(take, std::memory_order_relaxed);
+        if (b0 >= share.end) break;
+        for (int64_t b = b0, b1 = std::min(b0 + take, share.end); b < b1; ++b) body(*state, b);
+      }
     }
   };
   for (int64_t i = 0; i < helpers; ++i)
