@@ -79,7 +79,7 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   const F *P = params.typed_data(), *X = carry.typed_data();
   F* Xo = out->typed_data();
   const int64_t p_stride = pd[0] == 1 ? 0 : K::N_P;
-  Parallel<LoopBlock<K>>(pool, (n + W - 1) / W, n * num_ticks >= (int64_t{1} << 10), [&](LoopBlock<K>& B, int64_t b) {
+  Parallel<LoopBlock<K>>(pool, (n + W - 1) / W, n * num_ticks >= (int64_t{1} << 10), num_ticks, [&](LoopBlock<K>& B, int64_t b) {
     const int64_t v0 = b * W;
     const int count = static_cast<int>(std::min<int64_t>(W, n - v0));
     const LaneRows<W> own(v0, count);

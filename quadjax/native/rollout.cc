@@ -394,9 +394,10 @@ inline void Relax() {  // one turn of a spin-wait
 }
 
 // Blocks [0, blocks) on the calling thread and helpers, each thread with its own working set
-// `State` (heap: it is large); `heavy`: enough work that helpers pay for themselves.
+// `State` (heap: it is large); `heavy`: enough work that helpers pay for themselves; `ticks`: the
+// steps each block runs, which bounds how many blocks a thread claims at once (below).
 template <class State, class Body>
-void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, const Body& body) {
+void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, int64_t ticks, const Body& body) {
   auto crew = std::make_shared<Crew>();
   const int64_t helpers = heavy ? std::min<int64_t>(pool.num_threads(), blocks) - 1 : 0;  // XLA's intra-op pool
   const int64_t count = std::max<int64_t>(helpers, 0) + 1;
@@ -406,15 +407,18 @@ void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, const Body& bod
     crew->shares[k].next.store(blocks * k / count, std::memory_order_relaxed);
     crew->shares[k].end = blocks * (k + 1) / count;
   }
-  crew->work = [&body, shares = crew->shares.get(), count](int64_t own) {
+  // Claims are guided: a quarter of what is left of a share, at least one block, and at most
+  // 256 block-steps' worth. A counter's locked add waits for the thread's stores to drain: one per
+  // block took 12 % of a one-core one-step call at N = 4 096. Long blocks are claimed one at a
+  // time, so that a descheduled thread holds back little work that the others could take.
+  const int64_t most = std::max<int64_t>(1, 256 / std::max<int64_t>(ticks, 1));
+  crew->work = [&body, shares = crew->shares.get(), count, most](int64_t own) {
     std::unique_ptr<State> state(new State());
     for (int64_t i = 0; i < count; ++i) {
       Share& share = shares[(own + i) % count];
-      // guided: a quarter of what is left, at least one block. A counter's locked add waits for the
-      // thread's stores to drain; one per block took 12 % of a one-core one-step call at N = 4 096
       for (;;) {
         const int64_t left = share.end - share.next.load(std::memory_order_relaxed);
-        const int64_t take = std::max<int64_t>(1, left / 4);
+        const int64_t take = std::clamp<int64_t>(left / 4, 1, most);
         const int64_t b0 = share.next.fetch_add(take, std::memory_order_relaxed);
         if (b0 >= share.end) break;
         for (int64_t b = b0, b1 = std::min(b0 + take, share.end); b < b1; ++b) body(*state, b);
@@ -449,7 +453,7 @@ void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, const Body& bod
 template <class K>
 void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
   constexpr int W = K::W;
-  Parallel<Block<K>>(pool, (n + W - 1) / W, n * job.T * job.substeps >= (int64_t{1} << 11),
+  Parallel<Block<K>>(pool, (n + W - 1) / W, n * job.T * job.substeps >= (int64_t{1} << 11), job.T * job.substeps,
                      [&](Block<K>& block, int64_t b) {
                        RunBlock<K>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
                      });
@@ -752,7 +756,7 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
     std::fill_n(job.g_wrench, g_wrench->element_count(), F{});
     return ffi::Error::Success();
   }
-  Parallel<AdjointBlock<K, A>>(pool, (n + W - 1) / W, n * job.fwd.T * substeps >= (int64_t{1} << 10),
+  Parallel<AdjointBlock<K, A>>(pool, (n + W - 1) / W, n * job.fwd.T * substeps >= (int64_t{1} << 10), job.fwd.T * substeps,
                                [&](AdjointBlock<K, A>& block, int64_t b) {
                                  AdjointRun<K, A>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
                                });
