@@ -159,8 +159,26 @@ struct LaneRows {
   }
 };
 
+// One whole-vector load or store at any address, through an unaligned vector type. A memcpy of a
+// vector, as GCC expands it for this project's AVX-512 CPU (it prefers 256-bit moves), stores a
+// 64-byte vector as two halves, and the step's 64-byte load of it then cannot be forwarded from
+// them: a store-forwarding stall on every value of a block (benchmarks/README.md, 2026-12-05).
+template <class V, typename F>
+inline V LoadWhole(const F* p) {
+  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
+  return *reinterpret_cast<const U*>(p);
+}
+template <class V, typename F>
+inline void StoreWhole(F* p, const V& v) {
+  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
+  *reinterpret_cast<U*>(p) = v;
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #define QJ_SHUFFLES 1  // GCC's two-vector __builtin_shuffle: register transpositions below
+template <class V>
+using LaneInt = std::conditional_t<sizeof(V{}[0]) == 4, int32_t, int64_t>;  // a shuffle mask's lane
+
 // The masks of TransposeTile: at the stage of distance d, rows a and a + d (a & d == 0) swap the
 // off-diagonal d x d blocks of their 2d-lane column blocks: `lo` makes row a, `hi` row a + d.
 template <int W, typename I>
@@ -182,7 +200,7 @@ inline constexpr TileMasks<W, I> kTileMasks{};
 // two-vector shuffles.
 template <class V, int W>
 inline void TransposeTile(V* r) {
-  typedef std::conditional_t<sizeof(r[0][0]) == 4, int32_t, int64_t> I;
+  typedef LaneInt<V> I;
   typedef I M __attribute__((vector_size(sizeof(V))));
   constexpr const auto& masks = kTileMasks<W, I>;
   for (int k = 0, d = W / 2; d >= 1; ++k, d /= 2) {
@@ -197,24 +215,74 @@ inline void TransposeTile(V* r) {
       }
   }
 }
+
+// The masks of TransposeRows: for value i, `first` picks lane j's source from the first two
+// vectors, `next[k]` from vector k, keeping the lanes already picked.
+template <int N, int W, typename I>
+struct RowsMasks {
+  I first[N][W] = {}, next[N][N][W] = {};
+  constexpr RowsMasks() {
+    for (int i = 0; i < N; ++i)
+      for (int j = 0; j < W; ++j) {
+        const int e = j * N + i;  // lane j of value i: element e of the rows, in vector e / W
+        first[i][j] = e / W == 1 ? W + e % W : e % W;
+        for (int k = 2; k < N; ++k) next[i][k][j] = e / W == k ? W + e % W : j;
+      }
+  }
+};
+template <int N, int W, typename I>
+inline constexpr RowsMasks<N, W, I> kRowsMasks{};
+
+// x[i] (lane j) = src[j * N + i]: the W consecutive rows of N values that start at src (a block's
+// rows of a row-major (vehicles, N) input, e.g. a one-step call's commands). N vector loads and
+// N - 1 two-vector shuffles per value (AVX-512: vpermt2ps).
+template <int N, class V, int W, typename F>
+inline void TransposeRows(V* x, const F* src) {
+  typedef LaneInt<V> I;
+  typedef I M __attribute__((vector_size(sizeof(V))));
+  constexpr const auto& masks = kRowsMasks<N, W, I>;
+  V v[N];
+  for (int k = 0; k < N; ++k) v[k] = LoadWhole<V>(src + k * W);
+  for (int i = 0; i < N; ++i) {
+    M m;
+    std::memcpy(&m, masks.first[i], sizeof(M));
+    V acc = __builtin_shuffle(v[0], v[1], m);
+    for (int k = 2; k < N; ++k) {
+      std::memcpy(&m, masks.next[i][k], sizeof(M));
+      acc = __builtin_shuffle(acc, v[k], m);
+    }
+    x[i] = acc;
+  }
+}
 #endif
+
+// TransposeRows for the row widths the kernels read (wind 3, rotors 4, 6, 8, wrench 6); false
+// where it does not apply, and the caller gathers lane by lane.
+template <class V, int W, typename F>
+inline bool TransposedRows(V* x, const F* src, int n) {
+#ifdef QJ_SHUFFLES
+  switch (n) {
+    case 3: TransposeRows<3, V, W>(x, src); return true;
+    case 4: TransposeRows<4, V, W>(x, src); return true;
+    case 6: TransposeRows<6, V, W>(x, src); return true;
+    case 8: TransposeRows<8, V, W>(x, src); return true;
+  }
+#endif
+  return false;
+}
 
 // The vectors x[0..n) of the block: lane j of x[i] is src[at.row[j] * row_step + i * step]. Each
 // vector is assembled in registers and stored whole. (Storing lane by lane into memory and then
 // loading the vector defeats store-to-load forwarding: that way the gather and scatter of a
 // one-step call cost twice its step; benchmarks/README.md, 2026-12-04.)
-//
-// Whole vectors are moved as one load or store of an unaligned vector type. A memcpy of one, as
-// GCC expands it for this project's AVX-512 CPU (it prefers 256-bit moves), stores a 64-byte
-// vector as two halves, and the step's 64-byte load of it then cannot be forwarded from them:
-// a store-forwarding stall on every value of a block (benchmarks/README.md, 2026-12-05).
 template <class V, typename F, int W>
 inline void Gather(V* x, const F* src, const LaneRows<W>& at, int64_t row_step, int n, int64_t step = 1) {
-  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
   if (at.shared) {
     for (int i = 0; i < n; ++i) x[i] = V{} + src[i * step];
   } else if (at.consecutive && row_step == 1) {
-    for (int i = 0; i < n; ++i) x[i] = *reinterpret_cast<const U*>(src + at.row[0] + i * step);
+    for (int i = 0; i < n; ++i) x[i] = LoadWhole<V>(src + at.row[0] + i * step);
+  } else if (at.consecutive && step == 1 && row_step == n && TransposedRows<V, W>(x, src + at.row[0] * n, n)) {
+    // the block's rows one after the other (a one-step call's commands, row-major)
   } else {
     int i0 = 0;
 #ifdef QJ_SHUFFLES
@@ -224,7 +292,7 @@ inline void Gather(V* x, const F* src, const LaneRows<W>& at, int64_t row_step, 
     if (step == 1)
       for (; i0 + W <= n; i0 += W) {
         V r[W];
-        for (int j = 0; j < W; ++j) r[j] = *reinterpret_cast<const U*>(src + at.row[j] * row_step + i0);
+        for (int j = 0; j < W; ++j) r[j] = LoadWhole<V>(src + at.row[j] * row_step + i0);
         TransposeTile<V, W>(r);
         for (int i = 0; i < W; ++i) x[i0 + i] = r[i];
       }
@@ -240,62 +308,12 @@ inline void Gather(V* x, const F* src, const LaneRows<W>& at, int64_t row_step, 
 // The first `count` lanes of the vectors x[0..n) out: lane j of x[i] to dst[at.row[j] * row_step + i * step].
 template <class V, typename F, int W>
 inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, const V* x, int n, int64_t step = 1) {
-  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
   if (at.consecutive && row_step == 1) {
-    for (int i = 0; i < n; ++i) *reinterpret_cast<U*>(dst + at.row[0] + i * step) = x[i];
+    for (int i = 0; i < n; ++i) StoreWhole(dst + at.row[0] + i * step, x[i]);
     return;
   }
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < count; ++j) dst[at.row[j] * row_step + i * step] = x[i][j];
-}
-
-#ifdef QJ_SHUFFLES
-// The shuffle masks of TransposeRows: for value i, `first` picks lane j's source from the first
-// two vectors, `next[k]` from vector k, keeping the lanes already picked.
-template <int N, int W, typename I>
-struct TransposeMasks {
-  I first[N][W] = {}, next[N][N][W] = {};
-  constexpr TransposeMasks() {
-    for (int i = 0; i < N; ++i)
-      for (int j = 0; j < W; ++j) {
-        const int e = j * N + i;  // lane j of value i: element e of the rows, in vector e / W
-        first[i][j] = e / W == 1 ? W + e % W : e % W;
-        for (int k = 2; k < N; ++k) next[i][k][j] = e / W == k ? W + e % W : j;
-      }
-  }
-};
-template <int N, int W, typename I>
-inline constexpr TransposeMasks<N, W, I> kTransposeMasks{};
-#endif
-
-// x[i] (lane j) = src[j * N + i]: the W consecutive rows of N values that start at src (a block's
-// rows of a row-major (vehicles, N) input, e.g. a one-step call's commands). N vector loads and
-// N - 1 two-vector shuffles per value (AVX-512: vpermt2ps) with GCC; lane by lane elsewhere.
-template <int N, class V, class M, typename F, int W>
-inline void TransposeRows(V* x, const F* src) {
-#ifdef QJ_SHUFFLES
-  typedef V U __attribute__((aligned(sizeof(F)), may_alias));
-  using I = std::remove_cv_t<std::remove_reference_t<decltype(M{}[0])>>;
-  constexpr const auto& masks = kTransposeMasks<N, W, I>;
-  V v[N];
-  for (int k = 0; k < N; ++k) v[k] = *reinterpret_cast<const U*>(src + k * W);
-  for (int i = 0; i < N; ++i) {
-    M m;
-    std::memcpy(&m, masks.first[i], sizeof(M));
-    V acc = __builtin_shuffle(v[0], v[N > 1 ? 1 : 0], m);
-    for (int k = 2; k < N; ++k) {
-      std::memcpy(&m, masks.next[i][k], sizeof(M));
-      acc = __builtin_shuffle(acc, v[k], m);
-    }
-    x[i] = acc;
-  }
-#else
-  for (int i = 0; i < N; ++i) {
-    V v;
-    for (int j = 0; j < W; ++j) v[j] = src[j * N + i];
-    x[i] = v;
-  }
-#endif
 }
 
 // The block's lanes: their own rows (results) and their rows in the commands, wind and wrench.
@@ -333,10 +351,7 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
     // stage the block's next commands lane-major: each vehicle's rows are read as one sequential
     // stream instead of one strided line per vehicle per tick
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    if (len == 1 && lanes.c.consecutive && job.c_row == R && job.c_value == 1)  // one tick, row-major: a step's
-      TransposeRows<R, typename K::V, typename K::M, F, W>(B.staged[0], job.commands + lanes.c.row[0] * R);
-    else
-      Gather(&B.staged[0][0], job.commands + t0 * R * job.c_value, lanes.c, job.c_row, len * R, job.c_value);
+    Gather(&B.staged[0][0], job.commands + t0 * R * job.c_value, lanes.c, job.c_row, len * R, job.c_value);
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
       for (int r = 0; r < R; ++r) B.u[r] = B.staged[tt][r];
@@ -372,7 +387,6 @@ struct alignas(64) Share {
 
 struct Crew {
   std::unique_ptr<Share[]> shares;
-  int64_t count = 1;
   std::function<void(int64_t)> work;  // by the thread whose share is the argument
   alignas(64) std::atomic<int> running{0};  // helpers started and not finished
   std::mutex mu;  // guards `closed` and the helpers' start
@@ -401,7 +415,6 @@ void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, int64_t ticks, 
   auto crew = std::make_shared<Crew>();
   const int64_t helpers = heavy ? std::min<int64_t>(pool.num_threads(), blocks) - 1 : 0;  // XLA's intra-op pool
   const int64_t count = std::max<int64_t>(helpers, 0) + 1;
-  crew->count = count;
   crew->shares.reset(new Share[count]);
   for (int64_t k = 0; k < count; ++k) {
     crew->shares[k].next.store(blocks * k / count, std::memory_order_relaxed);
