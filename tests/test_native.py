@@ -483,7 +483,13 @@ def test_derivatives_of_rk4_step_on_the_kernel_equal_xla_and_finite_differences(
     leaves_close(tangent(qj.rk4_step), tangent(rk4_step_xla), rtol=1e-10, atol=1e-14)
     move = lambda m: qj.rk4_step(p.replace(mass=m), s, u, dt)  # noqa: E731
     assert "quadjax_tangent_" in jax.jit(lambda m: jax.jvp(move, (m,), (m,))[1]).lower(p.mass).as_text()
-    jac = jax.jit(jax.jacfwd(lambda v: qj.rk4_step(p, s.replace(velocity=v), u, dt).position))(s.velocity)
+    # in the state alone (the params and dt not differentiated): the kernels without the params' terms
+    grad_s = jax.jit(jax.grad(lambda x: loss(qj.rk4_step, p.mass, p.k_f, x)))
+    assert "quadjax_adjoint_fixed_" in grad_s.lower(s).as_text()
+    leaves_close(grad_s(s), g_xla[2], rtol=1e-10, atol=1e-12)
+    jac_of = jax.jit(jax.jacfwd(lambda v: qj.rk4_step(p, s.replace(velocity=v), u, dt).position))
+    assert "quadjax_tangent_fixed_" in jac_of.lower(s.velocity).as_text()
+    jac = jac_of(s.velocity)
     jac_xla = jax.jit(jax.jacfwd(lambda v: rk4_step_xla(p, s.replace(velocity=v), u, dt).position))(s.velocity)
     np.testing.assert_allclose(jac, jac_xla, rtol=1e-10, atol=1e-14)
     masses = p.mass * jnp.asarray([0.9, 1.0, 1.1], dtype)

@@ -8,6 +8,8 @@ wind and wrench series and dt; substeps, saved states, the recomputed segments o
 sweep, vmap, second derivatives (XLA's, through the same primitives), and both dtypes.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,6 +89,53 @@ def test_grad_and_jvp_run_in_the_native_kernels_and_equal_xla(dtype, shared):
     # and grad · direction is the same directional derivative
     dot = sum(jnp.sum(g * d) for g, d in zip(jax.tree_util.tree_leaves(g_native), jax.tree_util.tree_leaves(direction)))
     np.testing.assert_allclose(dot, t_n, rtol=10 * rtol)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_with_the_parameters_fixed_the_kernels_without_their_terms_run_and_agree(dtype):
+    """Differentiated in the state, commands, wind and wrench only (MPC, iLQR, sensitivities), the
+    parameters' tangent is a symbolic zero: the tangent and adjoint kernels generated without the
+    parameters' terms run, not the full ones. Their derivatives are XLA's, and the full kernels'
+    (run by a tangent of explicit zeros for the parameters); second order (a Hessian in the initial
+    velocity, through the fixed adjoint's JVP) is XLA's too."""
+    ps, ss, u, wind, wrench, dts = _fleet(dtype, seed=7)
+    args = (ss, u, wind, wrench)
+    losses = {b: (lambda *a, full=_loss(b, False): full(ps, *a, dts)) for b in ("native", "xla")}
+    full_native = _loss("native", False)
+    rtol = 1e-10 if dtype == "float64" else 2e-3
+    grad = jax.grad(losses["native"], argnums=(0, 1, 2, 3))
+    hlo = _targets(grad, *args)
+    assert "quadjax_adjoint_fixed_" in hlo and not re.search(r"quadjax_adjoint_f(32|64)_", hlo)
+    g_fixed = jax.jit(grad)(*args)
+    g_xla = jax.jit(jax.grad(losses["xla"], argnums=(0, 1, 2, 3)))(*args)
+    g_full = jax.jit(jax.grad(full_native, argnums=(1, 2, 3, 4)))(ps, *args, dts)  # the params differentiated too
+    for a, b, c in zip(*(jax.tree_util.tree_leaves(g) for g in (g_fixed, g_xla, g_full))):
+        scale = float(np.max(np.abs(b)))
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale)
+        np.testing.assert_allclose(a, c, rtol=rtol / 100, atol=rtol / 100 * scale)
+
+    rng = np.random.default_rng(2)
+    direction = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 1e-3 * (np.abs(x) + 1e-3), x.dtype),
+                                       args)
+    jvp = lambda *a: jax.jvp(losses["native"], a, direction)  # noqa: E731
+    hlo = _targets(jvp, *args)
+    assert "quadjax_tangent_fixed_" in hlo and not re.search(r"quadjax_tangent_f(32|64)_", hlo)
+    (v_fixed, t_fixed), (_, t_xla) = jax.jit(jvp)(*args), jax.jit(lambda *a: jax.jvp(losses["xla"], a, direction))(*args)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, (ps, dts))
+    full = lambda p, *a: full_native(p, *a[:-1], a[-1])  # noqa: E731
+    t_full = jax.jit(lambda *a: jax.jvp(full, (ps, *a, dts), (zeros[0], *direction, zeros[1]))[1])(*args)
+    assert re.search(r"quadjax_tangent_f(32|64)_", _targets(lambda *a: jax.jvp(full, (ps, *a, dts), (
+        zeros[0], *direction, zeros[1])), *args))
+    np.testing.assert_allclose(t_fixed, t_xla, rtol=rtol)
+    np.testing.assert_allclose(t_fixed, t_full, rtol=rtol / 100)
+    np.testing.assert_allclose(v_fixed, jax.jit(losses["native"])(*args), rtol=rtol / 100)
+
+    if dtype == "float64":
+        p, s0, u1 = (jax.tree_util.tree_map(lambda x: x[0], t) for t in (ps, ss, u))
+        hessians = [jax.jit(jax.hessian(lambda v, b=b: jnp.sum(qj.simulate(
+            p, s0.replace(velocity=v), 0.01, commands=u1, config=qj.SimConfig(backend=b)).final.position ** 2)))(
+            s0.velocity) for b in ("native", "xla")]
+        np.testing.assert_allclose(*hessians, rtol=1e-9, atol=1e-12 * float(np.max(np.abs(hessians[1]))))
 
 
 def test_gradient_equals_central_finite_differences():

@@ -59,6 +59,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
@@ -121,6 +122,22 @@ def tangent_step(P, S, U, Wd, E):
     return jax.jvp(kernel_step, primals, tangents)
 
 
+def tangent_step_fixed(P, S, U, Wd, E):
+    """:func:`tangent_step` with the parameters held fixed: ``P`` a primal alone, its tangent zero.
+    What ``jax.jvp`` and ``jax.grad`` with respect to anything but the parameters run (MPC, iLQR,
+    state sensitivities): the parameters' derivative terms gone, the step ~25 % shorter."""
+    primals, tangents = zip(S, U, Wd, E)
+    return jax.jvp(functools.partial(kernel_step, P), primals, tangents)
+
+
+def adjoint_step_fixed(P, X, U, Wd, E, C):
+    """:func:`adjoint_step` with the parameters held fixed: ``C`` = cotangents (state, command,
+    wind, wrench), no parameters' cotangent (a third of the adjoint step's work, measured)."""
+    ct_state, *held = C
+    g_state, *g_inputs = jax.vjp(functools.partial(kernel_step, P), X, U, Wd, E)[1](ct_state)
+    return (g_state, *jax.tree_util.tree_map(jnp.add, held, g_inputs))
+
+
 def adjoint_step(P, X, U, Wd, E, C):
     """The adjoint kernel's step: ``C`` = cotangents (state, params_h, command, wind, wrench) after
     the step from state ``X``; returns them before it: the state's from ``jax.vjp`` of
@@ -154,7 +171,8 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     """The C++ source of one kernel library for ``dtype`` and ``rotors``: the generated step(s),
     then the harness, then the FFI targets. ``kind`` "forward": the rollout and the step entry
     points; "derivatives": the tangent rollout (:func:`tangent_step` in the rollout harness, every
-    row primal then tangent) and the reverse sweep (:func:`adjoint_step`)."""
+    row primal then tangent) and the reverse sweep (:func:`adjoint_step`), each also with the
+    parameters fixed (:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`)."""
     dtype = np.dtype(dtype)
     if dtype == np.float64 and not jax.config.jax_enable_x64:
         raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
@@ -165,15 +183,21 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
                  f"QUADJAX_ROLLOUT_LEAVES({_target(dtype, rotors, 'leaves')}, {name});",
                  f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {name});\n"]
     else:
-        pairs = {k: (v, v) for k, v in ex.items()}
-        tangent = generate_kernel(tangent_step, pairs, carry="S", invariant=("P",), namespace=name + "_t", lanes=lanes)
-        adjoint_args = {"P": ex["P"], "X": ex["S"], "U": ex["U"], "Wd": ex["Wd"], "E": ex["E"],
-                        "C": (ex["S"], ex["P"], ex["U"], ex["Wd"], ex["E"])}
-        adjoint = generate_kernel(adjoint_step, adjoint_args, carry="C", invariant=("P",), namespace=name + "_a",
-                                  lanes=lanes)
-        parts = [step.source, tangent.source, adjoint.source, HARNESS.read_text(),
-                 f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangent')}, {name}_t);",
-                 f"QUADJAX_ADJOINT({_target(dtype, rotors, 'adjoint')}, {name}, {name}_a);\n"]
+        # each derivative twice: with the parameters' derivatives and with the parameters fixed; a
+        # division in them is a product by a shared reciprocal (generate_kernel's reciprocals)
+        structs, targets = [step.source], []
+        inputs = {"P": ex["P"], "X": ex["S"], "U": ex["U"], "Wd": ex["Wd"], "E": ex["E"]}
+        for suffix, tangent, adjoint, with_params in (("", tangent_step, adjoint_step, True),
+                                                      ("_fixed", tangent_step_fixed, adjoint_step_fixed, False)):
+            pairs = {k: (v, v) if with_params or k != "P" else v for k, v in ex.items()}
+            held = [v for k, v in inputs.items() if k != "X" and (with_params or k != "P")]
+            structs += [generate_kernel(tangent, pairs, carry="S", invariant=("P",), namespace=f"{name}_t{suffix}",
+                                        lanes=lanes, reciprocals=True).source,
+                        generate_kernel(adjoint, dict(inputs, C=(ex["S"], *held)), carry="C", invariant=("P",),
+                                        namespace=f"{name}_a{suffix}", lanes=lanes, reciprocals=True).source]
+            targets += [f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangent' + suffix)}, {name}_t{suffix});",
+                        f"QUADJAX_ADJOINT({_target(dtype, rotors, 'adjoint' + suffix)}, {name}, {name}_a{suffix});"]
+        parts = [*structs, HARNESS.read_text(), "\n".join(targets) + "\n"]
     return "\n".join([VECTOR_PRELUDE, *parts])
 
 
@@ -292,7 +316,8 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
     return write_atomic(lib, lambda f: f.write(data), mode=0o700)
 
 
-_TARGETS = {"forward": ("rollout", "leaves", "step"), "derivatives": ("tangent", "adjoint")}
+_TARGETS = {"forward": ("rollout", "leaves", "step"),
+            "derivatives": ("tangent", "adjoint", "tangent_fixed", "adjoint_fixed")}
 
 
 def _register(lib: Path, targets) -> None:
@@ -463,13 +488,28 @@ def _saving(P, x0, U, Wd, E, substeps, save_every, rotors, segment):
     return final, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
 
 
-@_saving.defjvp
+@functools.partial(_saving.defjvp, symbolic_zeros=True)
 def _saving_jvp(substeps, save_every, rotors, segment, primals, tangents):
     def unpacked(*args):
         final, saved = rollout_p.bind(*args, substeps=substeps, save_every=save_every, rotors=rotors, segment=segment)
         return final, unpack_state(saved, rotors)
 
-    return jax.jvp(unpacked, primals, tangents)
+    # parameters not differentiated stay a constant of the jvp, so rollout_p's rule sees their zero
+    # tangent and runs the kernels without their terms; another zero tangent becomes an array
+    if _zero(tangents[0]):
+        return jax.jvp(functools.partial(unpacked, primals[0]), tuple(primals[1:]), _arrays(tangents[1:]))
+    return jax.jvp(unpacked, tuple(primals), _arrays(tangents))
+
+
+def _zero(tangent) -> bool:
+    """A custom_jvp rule's tangent (with symbolic_zeros) is zero in every leaf."""
+    return all(isinstance(t, SymbolicZero) for t in jax.tree_util.tree_leaves(tangent))
+
+
+def _arrays(tangents) -> tuple:
+    """A custom_jvp rule's tangents with every symbolic zero made an array."""
+    return tuple(jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype) if isinstance(t, SymbolicZero) else t, x)
+                 for x in tangents)
 
 
 # --------------------------------------------------------------------------- derivatives
@@ -518,9 +558,10 @@ def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors):
         P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
 
-def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0):
+def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0, params_fixed=False):
     """The tangent kernel runs the rollout harness on rows [primal | tangent] (:func:`tangent_step`):
-    (final, saved, dfinal, dsaved), the primal and the tangent of one call."""
+    (final, saved, dfinal, dsaved), the primal and the tangent of one call. ``params_fixed``: ``dP``
+    is zero, and the kernel that leaves it out runs (:func:`tangent_step_fixed`)."""
     primals, tangents = (P, x0, U, Wd, E), (dP, dx0, dU, dWd, dE)
     batch, (NS, _, slots) = _batch(primals + tangents, _CORE * 2), _sizes(x0, U, save_every)
 
@@ -530,7 +571,9 @@ def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, r
                                 jnp.broadcast_to(dx, b + x.shape[x.ndim - c:])], axis=-1)
 
     rows = [pair(x, dx, c) for x, dx, c in zip(primals, tangents, _CORE)]
-    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "tangent"),
+    if params_fixed:
+        rows[0] = P
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "tangent_fixed" if params_fixed else "tangent"),
                             (jax.ShapeDtypeStruct(batch + (2 * NS,), U.dtype),
                              jax.ShapeDtypeStruct(batch + (slots, 2 * NS), U.dtype)))
     final, saved = call(*rows, substeps=np.int64(substeps), save_every=np.int64(save_every))
@@ -542,10 +585,14 @@ def _tangent_ffi(*args, **params):
     return _joint_ffi(*args, **params)[2:]
 
 
-def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, rotors, segment):
+def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, rotors, segment, params_fixed=False):
+    """The reverse sweep: cotangents of (P, x0, U, Wd, E), one row per vehicle of the batch;
+    ``params_fixed``: none for P (width 0), from the adjoint without it (:func:`adjoint_step_fixed`)."""
     batch = _batch((P, x0, U, Wd, E, ct_final, ct_saved), _CORE + (1, 2))
     out = [jax.ShapeDtypeStruct(batch + x.shape[x.ndim - c:], U.dtype) for x, c in zip((P, x0, U, Wd, E), _CORE)]
-    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "adjoint"), out)
+    if params_fixed:
+        out[0] = jax.ShapeDtypeStruct(batch + (0,), U.dtype)
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "adjoint_fixed" if params_fixed else "adjoint"), out)
     return call(P, x0, U, Wd, E, ct_final, ct_saved, substeps=np.int64(substeps), save_every=np.int64(save_every),
                 segment=np.int64(segment))
 
@@ -555,9 +602,10 @@ def unpack_params(row: jax.Array, rotors: int) -> tuple:
     return _unpack(row, step_example(rotors, np.dtype(row.dtype))["P"])
 
 
-def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
+def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0, params_fixed=False):
     """rollout_p on XLA: :func:`kernel_step` scanned, one vehicle per row of the broadcast batch
-    (the reference for the kernels' derivatives, and their second derivatives)."""
+    (the reference for the kernels' derivatives, and their second derivatives; ``params_fixed``
+    changes no value: the parameters' tangent is then zero)."""
     args = (P, x0, U, Wd, E)
     batch = _batch(args, _CORE)
     flat = [jnp.reshape(jnp.broadcast_to(x, batch + x.shape[x.ndim - c:]), (-1,) + x.shape[x.ndim - c:])
@@ -655,11 +703,13 @@ def _rollout_jvp(primals, tangents, **params):
     the kernel computes anyway. Linearised (jax.grad, jax.linearize; jax.checkpoint), joint_p splits
     into rollout_p and tangent_p (:func:`_joint_partial_eval`, :func:`_joint_partial_eval_jaxpr`: the
     same split in JAX's two partial evaluators, one on traces, one on jaxprs)."""
+    # parameters not differentiated (a symbolic zero tangent): the kernels without their terms
+    fixed = type(tangents[0]) is ad.Zero
     tangents = [ad.instantiate_zeros(t) for t in tangents]
     if not _derivatives(primals[2].dtype, params["rotors"]):
         return rollout_p.bind(*primals, **params), jax.jvp(functools.partial(_xla, **params), tuple(primals),
                                                            tuple(tangents))[1]
-    final, saved, d_final, d_saved = joint_p.bind(*primals, *tangents, **params)
+    final, saved, d_final, d_saved = joint_p.bind(*primals, *tangents, **params, params_fixed=fixed)
     return (final, saved), (d_final, d_saved)
 
 
@@ -670,7 +720,7 @@ def _joint_partial_eval(trace, *tracers, **params):
     primals = [t.pval.get_known() for t in tracers[:5]]
     if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]):
         return trace.default_process_primitive(joint_p, tracers, params)
-    return [*rollout_p.bind(*primals, **params), *trace.default_process_primitive(tangent_p, tracers, params)]
+    return [*rollout_p.bind(*primals, **_forward(params)), *trace.default_process_primitive(tangent_p, tracers, params)]
 
 
 def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
@@ -683,7 +733,7 @@ def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
         return eqn, None, [False] * 4, [False] * 4, []
     if any(unknowns[:5]):
         return None, eqn, [True] * 4, [True] * 4, needed
-    known = eqn.replace(primitive=rollout_p, invars=eqn.invars[:5], outvars=eqn.outvars[:2])
+    known = eqn.replace(primitive=rollout_p, invars=eqn.invars[:5], outvars=eqn.outvars[:2], params=_forward(eqn.params))
     staged = eqn.replace(primitive=tangent_p, outvars=eqn.outvars[2:])
     return known, staged, [False, False, True, True], [False, False, True, True], needed
 
@@ -692,11 +742,26 @@ def _tangent_transpose(cts, *args, **params):
     primals, tangents = args[:5], args[5:]
     if any(ad.is_undefined_primal(x) for x in primals):
         raise ValueError("quadjax native: the tangent rollout is linear in its tangents only")
-    outs = jax.eval_shape(functools.partial(_forward_ffi, **params), *primals)
+    if params.get("params_fixed") and ad.is_undefined_primal(tangents[0]):
+        raise ValueError("quadjax native: a tangent rollout with the parameters fixed has no parameters' cotangent")
+    outs = jax.eval_shape(functools.partial(_forward_ffi, **_forward(params)), *primals)
     cts = [jnp.zeros(o.shape, o.dtype) if type(ct) is ad.Zero else ct for ct, o in zip(cts, outs)]
     grads = adjoint_p.bind(*primals, *cts, **params)
     return [None] * 5 + [_sum_to(g, t.aval.shape) if ad.is_undefined_primal(t) else None
                          for g, t in zip(grads, tangents)]
+
+
+def _forward(params: dict) -> dict:
+    """rollout_p's parameters among a derivative primitive's (all but ``params_fixed``)."""
+    return {k: v for k, v in params.items() if k != "params_fixed"}
+
+
+def _adjoint_xla(xla, args):
+    """What adjoint_p computes, on XLA: with the parameters fixed, no parameters' cotangent."""
+    grads = jax.vjp(xla, *args[:5])[1](tuple(args[5:]))
+    if xla.keywords.get("params_fixed"):
+        return (jnp.zeros(_batch(args, _CORE + (1, 2)) + (0,), grads[1].dtype), *grads[1:])
+    return grads
 
 
 def _on_xla(form):
@@ -713,7 +778,7 @@ ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: jax.jvp(xla, a[:5]
 pe.custom_partial_eval_rules[joint_p] = _joint_partial_eval
 pe.partial_eval_jaxpr_custom_rules[joint_p] = _joint_partial_eval_jaxpr
 ad.primitive_jvps[joint_p] = _on_xla(lambda xla: lambda *a: tuple(x for pair in jax.jvp(xla, a[:5], a[5:]) for x in pair))
-ad.primitive_jvps[adjoint_p] = _on_xla(lambda xla: lambda *a: jax.vjp(xla, *a[:5])[1](tuple(a[5:])))
+ad.primitive_jvps[adjoint_p] = _on_xla(lambda xla: lambda *a: _adjoint_xla(xla, a))
 ad.primitive_transposes[tangent_p] = _tangent_transpose
 
 
@@ -815,14 +880,15 @@ def _step_call_vmap(axis_size, in_batched, *args):
     return out, [True] * len(out)
 
 
-@_kernel_step.defjvp
+@functools.partial(_kernel_step.defjvp, symbolic_zeros=True)
 def _kernel_step_jvp(fallback, primals, tangents):
     """The step's derivatives: those of a one-tick rollout (the tangent and adjoint kernels),
-    each vehicle of the broadcast batch a row; the fallback's where those kernels are missing."""
+    each vehicle of the broadcast batch a row; the fallback's where those kernels are missing.
+    Params and dt not differentiated: the kernels without the parameters' terms."""
     params, state, command, dt = primals
     R = command.shape[-1]
     if not _derivatives(command.dtype, R):
-        return jax.jvp(fallback, primals, tangents)
+        return jax.jvp(fallback, primals, _arrays(tangents))
     _, batch = _step_batch(params, state, command, dt)
     example = step_example(R, command.dtype)
     like = (example["P"][0], example["S"], example["U"], example["P"][1])
@@ -839,4 +905,6 @@ def _kernel_step_jvp(fallback, primals, tangents):
         out = jax.vmap(one)(*flat)
         return jax.tree_util.tree_map(lambda x, e: jnp.reshape(x, batch + e.shape), out, example["S"])
 
-    return jax.jvp(step, primals, tangents)
+    if _zero(tangents[0]) and _zero(tangents[3]):
+        return jax.jvp(lambda state, command: step(params, state, command, dt), (state, command), _arrays(tangents[1:3]))
+    return jax.jvp(step, primals, _arrays(tangents))

@@ -161,6 +161,11 @@ class _Emitter:
         body = " * ".join([x] * abs(y)) if y else one
         return f"({one} / ({body}))" if y < 0 else f"({body})"
 
+    def exact_division(self, operands) -> bool:
+        """Whether a division (``a / b``, or a negative ``integer_pow``) of these operands keeps
+        XLA's correctly rounded quotient; else it is ``a * (1 / b)`` with ``1 / b`` shared. Here always."""
+        return True
+
 
 class _VectorEmitter(_Emitter):
     """C++ over a block of W vehicles, one per lane of GCC vector types (``V``: W floats, ``M``:
@@ -169,12 +174,13 @@ class _VectorEmitter(_Emitter):
     operands are all invariant (the parameters and what depends on them alone) goes to the
     prologue, stored in ``H`` once per block rather than recomputed every step."""
 
-    def __init__(self, invariant: set):
+    def __init__(self, invariant: set, reciprocals: bool = False):
         super().__init__()
         self.prologue: list[str] = []
         self.hoisted = 0
         self.invariant = set(invariant)
         self.open: list = []  # the enclosing code and value numbering of each open branch
+        self.reciprocals = reciprocals
 
     def emit(self, name: str, deps, ctype: str, expr: str) -> _Sym:
         if ctype not in ("V", "M"):
@@ -190,6 +196,14 @@ class _VectorEmitter(_Emitter):
             return sym
         self.lines.append(f"  const {ctype} {name} = {expr};")
         return _Sym(name)
+
+    # ---- divisions. A derivative step divides often (d(a/b) = da/b − a·db/b²) by few divisors (a
+    # mass, a norm); with ``reciprocals`` each of its divisions is a product by the divisor's
+    # reciprocal, computed once (once per block for a parameter's): within a rounding of XLA's
+    # quotient, not bit for bit, so never in the forward step
+    def exact_division(self, operands) -> bool:
+        # one whose operands are all invariant runs once per block in the prologue either way
+        return not self.reciprocals or all(x in self.invariant for x in operands if isinstance(x, _Sym))
 
     # ---- a branch taken per block: the code of a cond's second branch runs only where a lane of the
     # block takes it; every lane still gets the select of both branches, so the values are the
@@ -410,9 +424,16 @@ _ELEMENTWISE = {
 }
 
 
+def _power_of_two(x) -> bool:
+    """x is ±2^k (its reciprocal exact, barring overflow)."""
+    x = np.asarray(x)
+    return bool(np.isfinite(x) and x != 0 and np.frexp(x)[0] in (0.5, -0.5) and np.isfinite(1 / x))
+
+
 class _Generator:
     def __init__(self, emitter=None):
         self.out = emitter or _Emitter()
+        self.choices: dict = {}  # a local that selects between two constants: (pred, on false, on true)
 
     # ---- values are numpy object arrays of constants and _Sym names, with their dtype
     def read(self, env, var):
@@ -476,7 +497,10 @@ class _Generator:
             if cases[0] is cases[1] or (not isinstance(cases[0], _Sym) and not isinstance(cases[1], _Sym)
                                         and _same(cases[0], cases[1])):
                 return cases[0]
-            return out.local(xs, ctype, out.select(pred, out.expr(cases[1], dtype), out.expr(cases[0], dtype)))
+            q = out.local(xs, ctype, out.select(pred, out.expr(cases[1], dtype), out.expr(cases[0], dtype)))
+            if not isinstance(cases[0], _Sym) and not isinstance(cases[1], _Sym):
+                self.choices[q] = (pred, cases[0], cases[1])
+            return q
         if name == "convert_element_type":
             if known:
                 return _const(xs[0], dtype)
@@ -495,7 +519,9 @@ class _Generator:
             y = params["y"]
             if known:
                 return _const(np.asarray(xs[0]) ** y, dtype)
-            return out.local(xs, ctype, out.integer_pow(xs[0], y, dtype))
+            if y >= 0 or out.exact_division(xs):
+                return out.local(xs, ctype, out.integer_pow(xs[0], y, dtype))
+            return out.local(xs, ctype, out.integer_pow(self.reciprocal(xs[0], dtype, suffix), -y, dtype))
         if name == "clamp":  # clamp(lo, x, hi)
             lo, x, hi = xs
             if known:
@@ -516,6 +542,15 @@ class _Generator:
                 out.bitwise(name)
             if name == "div":
                 return out.local(xs, ctype, out.quotient(out.expr(xs[0], dtypes[0]), out.expr(xs[1], dtypes[1])))
+        if name == "div" and not known and np.issubdtype(dtype, np.floating):
+            if xs[1] in self.choices and all(_power_of_two(c) for c in self.choices[xs[1]][1:]):
+                # a by a choice of powers of two (jax's max/min derivative: 1 or 2 where tied): a times
+                # the choice of their reciprocals, which are exact, so is the product
+                pred, c0, c1 = self.choices[xs[1]]
+                inv = self.scalar("select_n", {}, [pred, 1 / c0, 1 / c1], [np.dtype(np.bool_), dtype, dtype], dtype)
+                return self.scalar("mul", {}, [xs[0], inv], [dtype, dtype], dtype)
+            if not out.exact_division(xs):
+                return self.scalar("mul", {}, [xs[0], self.reciprocal(xs[1], dtype, suffix)], [dtype, dtype], dtype)
         fold = _ELEMENTWISE[name][0]
         if known:
             with np.errstate(all="ignore"):
@@ -526,6 +561,14 @@ class _Generator:
                     v = fold(*[_const(x, d) for x, d in zip(xs, dtypes)])
             return _const(v, dtype)
         return out.local(xs, ctype, out.spell(name, [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+
+    def reciprocal(self, x, dtype, suffix) -> _Sym:
+        """The local 1 / x (one per x: value numbering)."""
+        if not isinstance(x, _Sym):
+            with np.errstate(all="ignore"):
+                return _const(np.divide(_const(1, dtype), _const(x, dtype)), dtype)
+        one = self.out.expr(_const(1, dtype), dtype)
+        return self.out.local([x], self.out.ctype(dtype), self.out.spell("div", [one, x], suffix))
 
     # ---- structure: names move, nothing is computed
     def p_broadcast_in_dim(self, eqn, ins, avals):
@@ -837,7 +880,7 @@ class KernelSource:
 
 
 def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace: str, lanes: int,
-                    emit: str | None = None) -> KernelSource:
+                    emit: str | None = None, reciprocals: bool = False) -> KernelSource:
     """C++ struct ``namespace`` with a block step over W = ``lanes`` vehicles in vector lanes.
 
     ``step(*args.values())`` is traced for one vehicle; its result must have the layout of
@@ -853,6 +896,9 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
 
     Arrays are of vectors: element k of input ``x`` for lane l is ``x[k][l]`` (structure of
     arrays, lane fastest), in the :class:`Layout` of ``args[name]``.
+
+    ``reciprocals``: each division multiplies by the divisor's reciprocal, computed once
+    (:meth:`_VectorEmitter.exact_division`; a derivative step's, within a rounding of the quotient).
     """
     values = list(args.values())
     closed = jax.make_jaxpr(step)(*values)
@@ -870,7 +916,7 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
         named += arrays
         if name in invariant:
             invariant_syms |= {x for a in arrays for x in a.flat}
-    out = _VectorEmitter(invariant_syms)
+    out = _VectorEmitter(invariant_syms, reciprocals)
     outs = _Generator(out).run(closed.jaxpr, closed.consts, [(x, dtype) for x in named])
     flat = [(x[idx], d) for x, d in outs for idx in np.ndindex(x.shape)]
     n_x, n_y = layouts[carry].size, layouts[emit].size if emit is not None else 0

@@ -312,7 +312,19 @@ inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, 
     for (int i = 0; i < n; ++i) StoreWhole(dst + at.row[0] + i * step, x[i]);
     return;
   }
-  for (int i = 0; i < n; ++i)
+  int i0 = 0;
+#ifdef QJ_SHUFFLES
+  // each lane's run of values contiguous (a segment's command cotangents, saved state rows): Gather's
+  // W x W tiles the other way, a transposition in registers and a vector store per lane
+  if (step == 1)
+    for (; i0 + W <= n; i0 += W) {
+      V r[W];
+      for (int i = 0; i < W; ++i) r[i] = x[i0 + i];
+      TransposeTile<V, W>(r);
+      for (int j = 0; j < count; ++j) StoreWhole(dst + at.row[j] * row_step + i0, r[j]);
+    }
+#endif
+  for (int i = i0; i < n; ++i)
     for (int j = 0; j < count; ++j) dst[at.row[j] * row_step + i * step] = x[i][j];
 }
 
@@ -636,18 +648,22 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
 // ticks, then, segment by segment from the last, the segment's states recomputed into a trail
 // and swept backwards (a single segment when the whole trail fits: no recomputation).
 // Results, one row per vehicle of the batch (the caller sums over the dims it broadcast):
-// cotangents of params (..., N_P), state (..., N_S), commands (..., T, R), wind (..., Tw, 3),
-// wrench (..., Tr, 6).
+// cotangents of params (..., N_P; (..., 0) from an adjoint with the params fixed), state (..., N_S),
+// commands (..., T, R), wind (..., Tw, 3), wrench (..., Tr, 6).
 
 constexpr int64_t kTrailVectors = int64_t{1} << 16;  // per thread: 2 MiB of AVX2 vectors, 4 MiB of AVX-512
 
 template <class K, class A>
 struct AdjointBlock {
   using V = typename K::V;
-  static constexpr int NC = A::N_C, CP = K::N_S, CU = CP + K::N_P, CW = CU + K::N_U, CE = CW + K::N_Wd;
-  static_assert(NC == CE + K::N_E, "the adjoint carries the state, params, command, wind and wrench cotangents");
+  // the params' cotangent is carried (NPC = N_P) or not (0: an adjoint of the step with the params fixed)
+  static constexpr int NC = A::N_C, NPC = NC - (K::N_S + K::N_U + K::N_Wd + K::N_E);
+  static constexpr int CP = K::N_S, CU = CP + NPC, CW = CU + K::N_U, CE = CW + K::N_Wd;
+  static_assert(NPC == 0 || NPC == K::N_P, "the adjoint carries the state, [params,] command, wind and wrench cotangents");
   V p[K::N_P], H[K::NH], HA[A::NH], s[K::N_S], u[K::N_U], wind[K::N_Wd], ext[K::N_E], c[NC];
-  std::vector<V> checkpoints, trail;
+  // a segment's commands and their cotangents, lane-major: read and written a segment at a time
+  // by register transpositions, where a tick at a time took a load or store per lane and value
+  std::vector<V> checkpoints, trail, commands, g_commands;
 };
 
 template <typename F>
@@ -674,26 +690,31 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   K::prologue(B.p, B.H);
   A::prologue(B.p, B.HA);
   LoadSeries<K>(f, lanes, 0, true, B.wind, B.ext);  // held series: read once
-  auto load_inputs = [&](int64_t t) {
-    Gather(B.u, f.commands + t * R, lanes.c, f.c_row, R);
-    LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
-  };
   // segments of L ticks: the trail holds L * substeps states
   const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment > 0 ? job.segment : kTrailVectors / (sub * NS)));
   const int64_t segments = (T + L - 1) / L;
   B.checkpoints.resize(segments * NS);
   B.trail.resize(std::min(T, L) * sub * NS);
-  auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s
+  B.commands.resize(std::min(T, L) * R);
+  B.g_commands.resize(std::min(T, L) * R);
+  auto load_inputs = [&](int64_t t, int64_t t0) {  // tick t of the segment staged from t0
+    for (int r = 0; r < R; ++r) B.u[r] = B.commands[(t - t0) * R + r];
+    LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
+  };
+  auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s, t1 - t0 <= L
+    Gather(B.commands.data(), f.commands + t0 * R * f.c_value, lanes.c, f.c_row, static_cast<int>((t1 - t0) * R),
+           f.c_value);
+    if (!keep) std::copy_n(B.s, NS, &B.checkpoints[(t0 / L) * NS]);
     for (int64_t t = t0; t < t1; ++t) {
-      if (!keep && t % L == 0) std::copy_n(B.s, NS, &B.checkpoints[(t / L) * NS]);
-      load_inputs(t);
+      load_inputs(t, t0);
       for (int64_t k = 0; k < sub; ++k) {
         if (keep) std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
         K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       }
     }
   };
-  if (segments > 1) forward(0, T, false);  // the checkpoints (one segment: its trail, below)
+  if (segments > 1)  // the checkpoints (one segment: its trail, below)
+    for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), false);
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
   Gather(B.c, job.ct_final, LaneRows<W>(job.bf, lanes.own), NS, NS);
   for (int64_t seg = segments - 1; seg >= 0; --seg) {
@@ -706,23 +727,24 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
         for (int j = 0; j < count; ++j)
           for (int i = 0; i < NS; ++i) B.c[i][j] += job.ct_saved[(job.bs.row(v0 + j) * slots + slot) * NS + i];
       }
-      load_inputs(t);
+      load_inputs(t, t0);
       for (int i = AB::CU; i < AB::CW; ++i) B.c[i] = V{};
       if (f.Tw > 1) for (int i = AB::CW; i < AB::CE; ++i) B.c[i] = V{};
       if (f.Tr > 1) for (int i = AB::CE; i < AB::NC; ++i) B.c[i] = V{};
       for (int64_t k = sub - 1; k >= 0; --k) A::step(B.HA, B.p, &B.trail[((t - t0) * sub + k) * NS], B.u, B.wind, B.ext, B.c);
-      for (int j = 0; j < count; ++j) {
+      for (int r = 0; r < R; ++r) B.g_commands[(t - t0) * R + r] = B.c[AB::CU + r];
+      for (int j = 0; j < count && (f.Tw > 1 || f.Tr > 1); ++j) {
         const int64_t v = v0 + j;
-        for (int r = 0; r < R; ++r) job.g_commands[(v * T + t) * R + r] = B.c[AB::CU + r][j];
         if (f.Tw > 1) for (int i = 0; i < NW; ++i) job.g_wind[(v * T + t) * NW + i] = B.c[AB::CW + i][j];
         if (f.Tr > 1) for (int i = 0; i < NE; ++i) job.g_wrench[(v * T + t) * NE + i] = B.c[AB::CE + i][j];
       }
     }
+    Scatter(job.g_commands + t0 * R, lanes.own, count, T * R, B.g_commands.data(), static_cast<int>((t1 - t0) * R));
   }
   for (int j = 0; j < count; ++j) {
     const int64_t v = v0 + j;
     for (int i = 0; i < NS; ++i) job.g_state[v * NS + i] = B.c[i][j];
-    for (int i = 0; i < NP; ++i) job.g_params[v * NP + i] = B.c[AB::CP + i][j];
+    for (int i = 0; i < AB::NPC; ++i) job.g_params[v * AB::NPC + i] = B.c[AB::CP + i][j];
     if (f.Tw == 1) for (int i = 0; i < NW; ++i) job.g_wind[v * NW + i] = B.c[AB::CW + i][j];
     if (f.Tr == 1) for (int i = 0; i < NE; ++i) job.g_wrench[v * NE + i] = B.c[AB::CE + i][j];
   }
@@ -764,7 +786,7 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   const int64_t n = Count(batch);
   if (job.fwd.T == 0) {  // no ticks: the state's cotangent passes through, nothing else has one
     for (int64_t v = 0; v < n; ++v) std::copy_n(job.ct_final + job.bf.row(v) * K::N_S, K::N_S, job.g_state + v * K::N_S);
-    std::fill_n(job.g_params, n * K::N_P, F{});
+    std::fill_n(job.g_params, n * AdjointBlock<K, A>::NPC, F{});
     std::fill_n(job.g_wind, g_wind->element_count(), F{});
     std::fill_n(job.g_wrench, g_wrench->element_count(), F{});
     return ffi::Error::Success();
