@@ -23,7 +23,12 @@ dataclasses' fields in order (:class:`quadjax.native.generate.Layout`); nothing 
 
 The tangent and adjoint steps are generated the same way, from ``jax.jvp`` and ``jax.vjp`` of
 that function (:func:`tangent_step`, :func:`adjoint_step`), into a second library built on the
-first derivative (so a user who never differentiates never compiles it).
+first derivative (so a user who never differentiates never compiles it). Each comes twice: with
+the parameters' derivatives (system identification) and with the parameters fixed
+(:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`: MPC, iLQR, sensitivities to the state or
+the commands), which a parameters' tangent that is a symbolic zero selects. Their divisions are
+products by shared reciprocals (``generate_kernel``'s ``reciprocals``): they agree with XLA's
+derivatives to rounding, not bit for bit.
 
 The kernel for a dtype is generated and compiled on its first use with the system C++
 compiler (``$CXX``, else ``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached

@@ -47,6 +47,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kChunk = 64;  // ticks of commands staged per block at a time
+constexpr int kSaved = 16;  // saved states held per block before they are written, a run at a time
 
 template <typename F> struct DataTypeOf;
 template <> struct DataTypeOf<float> { static constexpr ffi::DataType value = ffi::DataType::F32; };
@@ -131,6 +132,9 @@ struct Block {
   static constexpr int R = K::N_U;
   V p[K::N_P], H[K::NH], s[K::N_S], u[R], wind[K::N_Wd], ext[K::N_E];
   V staged[kChunk][R];  // the next commands, lane-major
+  // the states to save, lane-major, part by part (job.saved): the part at offset o holds slot k at
+  // kSaved * o + k * width, so that each lane's run of kSaved slots is written by W x W tiles
+  V saved[kSaved * K::N_S];
   bool params_ready = false;  // p and H hold a shared parameter row
 };
 
@@ -370,9 +374,16 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       LoadSeries<K>(job, lanes, tick, tick == 0, B.wind, B.ext);
       for (int64_t sub = 0; sub < job.substeps; ++sub) K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
+        // held, then written kSaved slots at a time: a lane's slots are one run of its saved rows
+        // (one slot a tick took a store per lane and value: half of a saving rollout's time)
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
+        const int k = static_cast<int>(slot % kSaved);
         for (const auto& part : job.saved)
-          Scatter(part.out + slot * part.width, lanes.own, count, slots * part.width, B.s + part.offset, part.width);
+          std::copy_n(B.s + part.offset, part.width, B.saved + kSaved * part.offset + k * part.width);
+        if (k == kSaved - 1 || slot == slots - 1)
+          for (const auto& part : job.saved)
+            Scatter(part.out + (slot - k) * part.width, lanes.own, count, slots * part.width,
+                    B.saved + kSaved * part.offset, (k + 1) * part.width);
       }
     }
   }
