@@ -132,9 +132,7 @@ struct Block {
   static constexpr int R = K::N_U;
   V p[K::N_P], H[K::NH], s[K::N_S], u[R], wind[K::N_Wd], ext[K::N_E];
   V staged[kChunk][R];  // the next commands, lane-major
-  // the states to save, lane-major, part by part (job.saved): the part at offset o holds slot k at
-  // kSaved * o + k * width, so that each lane's run of kSaved slots is written by W x W tiles
-  V saved[kSaved * K::N_S];
+  V saved[kSaved * K::N_S];  // the states to save (SaveSlot), the part at offset o from kSaved * o
   bool params_ready = false;  // p and H hold a shared parameter row
 };
 
@@ -332,6 +330,20 @@ inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, 
     for (int j = 0; j < count; ++j) dst[at.row[j] * row_step + i * step] = x[i][j];
 }
 
+// Slot `slot` (of `slots`) of a saved result: the block's values x[0..width) for lane j go to
+// out[(own.row[j] * slots + slot) * width]. They are held in `stage` (the result's kSaved-slot
+// region, slot k at k * width) and written a run of kSaved slots at a time, the last run when the
+// last slot comes: a lane's run is one span of its saved rows, written by W x W tiles (Scatter),
+// where a slot at a time took a store per lane and value.
+template <class V, typename F, int W>
+inline void SaveSlot(V* stage, F* out, const LaneRows<W>& own, int count, int64_t slot, int64_t slots, const V* x,
+                     int width) {
+  const int k = static_cast<int>(slot % kSaved);
+  std::copy_n(x, width, stage + k * width);
+  if (k == kSaved - 1 || slot == slots - 1)
+    Scatter(out + (slot - k) * width, own, count, slots * width, stage, (k + 1) * width);
+}
+
 // The block's lanes: their own rows (results) and their rows in the commands, wind and wrench.
 template <int W>
 struct Lanes {
@@ -374,16 +386,10 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       LoadSeries<K>(job, lanes, tick, tick == 0, B.wind, B.ext);
       for (int64_t sub = 0; sub < job.substeps; ++sub) K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
-        // held, then written kSaved slots at a time: a lane's slots are one run of its saved rows
-        // (one slot a tick took a store per lane and value: half of a saving rollout's time)
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
-        const int k = static_cast<int>(slot % kSaved);
         for (const auto& part : job.saved)
-          std::copy_n(B.s + part.offset, part.width, B.saved + kSaved * part.offset + k * part.width);
-        if (k == kSaved - 1 || slot == slots - 1)
-          for (const auto& part : job.saved)
-            Scatter(part.out + (slot - k) * part.width, lanes.own, count, slots * part.width,
-                    B.saved + kSaved * part.offset, (k + 1) * part.width);
+          SaveSlot(B.saved + kSaved * part.offset, part.out, lanes.own, count, slot, slots, B.s + part.offset,
+                   part.width);
       }
     }
   }
