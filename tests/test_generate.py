@@ -109,3 +109,21 @@ def test_layouts_are_the_dataclass_fields_in_order():
     offsets = [e[2] for e in layout.entries]
     sizes = [int(np.prod(e[1])) for e in layout.entries]
     assert offsets == list(np.cumsum([0] + sizes[:-1])) and layout.size == sum(sizes) == len(_flat((p, s)))
+
+
+@needs_cc
+def test_a_division_by_a_choice_of_powers_of_two_is_an_exact_product(tmp_path):
+    """JAX's derivative of max / min divides by a choice of 1 and 2 (2 where the operands tie). The
+    generator multiplies by the choice of 1 and 1/2 instead, and no division is left: exactly XLA's
+    quotient on both sides of a tie and at it (planted: the wrong reciprocal fails at the tie)."""
+    def tangents(x, y):
+        return jax.jvp(jnp.maximum, (x, y), (jnp.float32(1.25), jnp.float32(3.0)))[1] + jax.jvp(
+            jnp.minimum, (x, y), (jnp.float32(0.75), jnp.float32(-2.5)))[1]
+
+    example = (jnp.float32(0.0), jnp.float32(0.0))
+    source, _, _ = generate(tangents, example, "tangents")
+    assert "/" not in source.split("void tangents")[1]
+    fn = _compile(source, tmp_path, "tangents")
+    for x, y in ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (-0.3, -0.3)):
+        args = (jnp.float32(x), jnp.float32(y))
+        assert _call(fn, args, 1, "float32")[0] == np.float32(jax.jit(tangents)(*args))

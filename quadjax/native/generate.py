@@ -427,7 +427,8 @@ _ELEMENTWISE = {
 def _power_of_two(x) -> bool:
     """x is ±2^k (its reciprocal exact, barring overflow)."""
     x = np.asarray(x)
-    return bool(np.isfinite(x) and x != 0 and np.frexp(x)[0] in (0.5, -0.5) and np.isfinite(1 / x))
+    with np.errstate(all="ignore"):  # the reciprocal of a subnormal power of two overflows: not one
+        return bool(np.isfinite(x) and x != 0 and np.frexp(x)[0] in (0.5, -0.5) and np.isfinite(1 / x))
 
 
 class _Generator:
