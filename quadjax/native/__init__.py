@@ -135,21 +135,24 @@ def tangent_step_fixed(P, S, U, Wd, E):
     return jax.jvp(functools.partial(kernel_step, P), primals, tangents)
 
 
-def adjoint_step_fixed(P, X, U, Wd, E, C):
-    """:func:`adjoint_step` with the parameters held fixed: ``C`` = cotangents (state, command,
-    wind, wrench), no parameters' cotangent (a third of the adjoint step's work, measured)."""
-    ct_state, *held = C
-    g_state, *g_inputs = jax.vjp(functools.partial(kernel_step, P), X, U, Wd, E)[1](ct_state)
-    return (g_state, *jax.tree_util.tree_map(jnp.add, held, g_inputs))
+def _swept(step, X, held, C):
+    """``C`` = cotangents (state, *held) after ``step(X, *held)``; returns them before it: the
+    state's from ``jax.vjp``, the held inputs' accumulated (they are held over substeps and ticks)."""
+    ct_state, *acc = C
+    g_state, *g_held = jax.vjp(step, X, *held)[1](ct_state)
+    return (g_state, *jax.tree_util.tree_map(jnp.add, acc, g_held))
 
 
 def adjoint_step(P, X, U, Wd, E, C):
     """The adjoint kernel's step: ``C`` = cotangents (state, params_h, command, wind, wrench) after
-    the step from state ``X``; returns them before it: the state's from ``jax.vjp`` of
-    :func:`kernel_step`, the others accumulated (the inputs are held over substeps and ticks)."""
-    ct_state, *held = C
-    g_params, g_state, *g_inputs = jax.vjp(kernel_step, P, X, U, Wd, E)[1](ct_state)
-    return (g_state, *jax.tree_util.tree_map(jnp.add, held, [g_params, *g_inputs]))
+    the step of :func:`kernel_step` from state ``X``; returns them before it (:func:`_swept`)."""
+    return _swept(lambda X, P, U, Wd, E: kernel_step(P, X, U, Wd, E), X, (P, U, Wd, E), C)
+
+
+def adjoint_step_fixed(P, X, U, Wd, E, C):
+    """:func:`adjoint_step` with the parameters held fixed: ``C`` = cotangents (state, command,
+    wind, wrench), no parameters' cotangent (a third of the adjoint step's work, measured)."""
+    return _swept(lambda X, U, Wd, E: kernel_step(P, X, U, Wd, E), X, (U, Wd, E), C)
 
 
 @functools.lru_cache(maxsize=None)
@@ -575,9 +578,8 @@ def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, r
         return jnp.concatenate([jnp.broadcast_to(x, b + x.shape[x.ndim - c:]),
                                 jnp.broadcast_to(dx, b + x.shape[x.ndim - c:])], axis=-1)
 
-    rows = [pair(x, dx, c) for x, dx, c in zip(primals, tangents, _CORE)]
-    if params_fixed:
-        rows[0] = P
+    rows = [P if params_fixed and k == 0 else pair(x, dx, c)
+            for k, (x, dx, c) in enumerate(zip(primals, tangents, _CORE))]
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, "tangent_fixed" if params_fixed else "tangent"),
                             (jax.ShapeDtypeStruct(batch + (2 * NS,), U.dtype),
                              jax.ShapeDtypeStruct(batch + (slots, 2 * NS), U.dtype)))

@@ -352,6 +352,13 @@ struct Lanes {
   Lanes(const Job<F>& job, int64_t v0, int count) : own(v0, count), c(job.bc, own), w(job.bw, own), r(job.br, own) {}
 };
 
+// Ticks [t0, t0 + len) of the block's commands into x, lane-major (tick t's command k at
+// x[(t - t0) * R + k]); each lane's rows are read as one sequential stream.
+template <class K, int W>
+void StageCommands(typename K::V* x, const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t0, int len) {
+  Gather(x, job.commands + t0 * K::N_U * job.c_value, lanes.c, job.c_row, len * K::N_U, job.c_value);
+}
+
 // Tick t's wind and wrench into the lanes; a series of length 1 is read only when `first`.
 template <class K, int W>
 void LoadSeries(const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t, bool first, typename K::V* wind,
@@ -376,10 +383,8 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
   B.params_ready = job.bp.shared;
   const int64_t T = job.T;
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
-    // stage the block's next commands lane-major: each vehicle's rows are read as one sequential
-    // stream instead of one strided line per vehicle per tick
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
-    Gather(&B.staged[0][0], job.commands + t0 * R * job.c_value, lanes.c, job.c_row, len * R, job.c_value);
+    StageCommands<K>(&B.staged[0][0], job, lanes, t0, len);
     for (int tt = 0; tt < len; ++tt) {
       const int64_t tick = t0 + tt;
       for (int r = 0; r < R; ++r) B.u[r] = B.staged[tt][r];
@@ -719,8 +724,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
     LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
   };
   auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s, t1 - t0 <= L
-    Gather(B.commands.data(), f.commands + t0 * R * f.c_value, lanes.c, f.c_row, static_cast<int>((t1 - t0) * R),
-           f.c_value);
+    StageCommands<K>(B.commands.data(), f, lanes, t0, static_cast<int>(t1 - t0));
     if (!keep) std::copy_n(B.s, NS, &B.checkpoints[(t0 / L) * NS]);
     for (int64_t t = t0; t < t1; ++t) {
       load_inputs(t, t0);
@@ -750,11 +754,12 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
       if (f.Tr > 1) for (int i = AB::CE; i < AB::NC; ++i) B.c[i] = V{};
       for (int64_t k = sub - 1; k >= 0; --k) A::step(B.HA, B.p, &B.trail[((t - t0) * sub + k) * NS], B.u, B.wind, B.ext, B.c);
       for (int r = 0; r < R; ++r) B.g_commands[(t - t0) * R + r] = B.c[AB::CU + r];
-      for (int j = 0; j < count && (f.Tw > 1 || f.Tr > 1); ++j) {
-        const int64_t v = v0 + j;
-        if (f.Tw > 1) for (int i = 0; i < NW; ++i) job.g_wind[(v * T + t) * NW + i] = B.c[AB::CW + i][j];
-        if (f.Tr > 1) for (int i = 0; i < NE; ++i) job.g_wrench[(v * T + t) * NE + i] = B.c[AB::CE + i][j];
-      }
+      if (f.Tw > 1 || f.Tr > 1)  // per-tick wind and wrench series (rare): lane by lane
+        for (int j = 0; j < count; ++j) {
+          const int64_t v = v0 + j;
+          if (f.Tw > 1) for (int i = 0; i < NW; ++i) job.g_wind[(v * T + t) * NW + i] = B.c[AB::CW + i][j];
+          if (f.Tr > 1) for (int i = 0; i < NE; ++i) job.g_wrench[(v * T + t) * NE + i] = B.c[AB::CE + i][j];
+        }
     }
     Scatter(job.g_commands + t0 * R, lanes.own, count, T * R, B.g_commands.data(), static_cast<int>((t1 - t0) * R));
   }
