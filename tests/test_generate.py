@@ -10,8 +10,10 @@ means.
 
 import ctypes
 import dataclasses
+import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -127,3 +129,53 @@ def test_a_division_by_a_choice_of_powers_of_two_is_an_exact_product(tmp_path):
     for x, y in ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (-0.3, -0.3)):
         args = (jnp.float32(x), jnp.float32(y))
         assert _call(fn, args, 1, "float32")[0] == np.float32(jax.jit(tangents)(*args))
+
+
+def test_the_kernel_fuses_multiply_adds_itself_the_same_at_every_width(tmp_path):
+    """The kernel is built without the compiler's contraction (-ffp-contract=off in
+    quadjax.native.FLAGS); the generator writes each fused multiply-add itself, where a product's
+    every use is a sum, so the same source rounds the same at every vector width. Here a·b + c with
+    a = b = 1 + 2⁻¹², c = −1: fused, 2⁻¹¹ + 2⁻²⁴; rounded twice, 2⁻¹¹. A product that also feeds
+    something else (a·d, scaled by p) stays a product, and its sum rounds twice. Every lane, at 16,
+    8 and 4 lanes, gets the same bits; d − a·b is fused as well (planted: no fusing gives 2⁻¹¹ and
+    fails)."""
+    import quadjax.native as native
+    from quadjax.native.generate import VECTOR_PRELUDE, generate_kernel
+
+    cxx = native.compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    if platform.machine() == "x86_64" and " fma" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no fused multiply-add in this CPU: the kernel rounds twice (the same at every width)")
+
+    def step(p, s):
+        a, b, c, d = s
+        return jnp.stack([a * b + c, a * d + c, a * d * p[0], d - a * b])
+
+    example = {"P": jnp.zeros((1,), jnp.float32), "S": jnp.zeros((4,), jnp.float32)}
+    one = 1 + 2.0 ** -12
+    s = np.array([one, one, -1.0, one], np.float32)
+    wide = np.float64(one) * np.float64(one)
+    expected = np.array([wide - 1, np.float32(wide) - np.float32(1), np.float32(np.float32(wide) * 3), one - wide],
+                        np.float32)
+    assert expected[0] != expected[1] and expected[3] != np.float32(one) - np.float32(wide)  # one rounding or two
+    for lanes in (16, 8, 4):
+        ks = generate_kernel(step, example, carry="S", invariant=("P",), namespace="k", lanes=lanes)
+        body = ks.source.split("static inline void step")[1]
+        assert body.count("qj_vfma(") == 1 and body.count("qj_vfnma(") == 1  # a·b's two sums; a·d's stays
+        cc = tmp_path / f"k{lanes}.cc"
+        cc.write_text(VECTOR_PRELUDE + ks.source + f"""
+extern "C" void run(const float* p, float* s) {{
+  k::V P[1], S[4], H[k::NH];
+  for (int l = 0; l < {lanes}; ++l) {{ P[0][l] = p[0]; for (int i = 0; i < 4; ++i) S[i][l] = s[i]; }}
+  k::prologue(P, H);
+  k::step(H, P, S);
+  for (int i = 0; i < 4; ++i) for (int l = 0; l < {lanes}; ++l) s[i * {lanes} + l] = S[i][l];
+}}
+""")
+        lib = tmp_path / f"k{lanes}.so"
+        subprocess.run([cxx, *native.FLAGS, "-o", str(lib), str(cc)], check=True)
+        run = ctypes.CDLL(str(lib)).run
+        buf = np.concatenate([s, np.zeros(4 * lanes - 4, np.float32)])
+        run(ctypes.c_void_p(np.array([3.0], np.float32).ctypes.data), ctypes.c_void_p(buf.ctypes.data))
+        np.testing.assert_array_equal(buf.reshape(4, lanes), np.repeat(expected[:, None], lanes, 1))

@@ -201,10 +201,11 @@ def test_per_vehicle_and_nested_batches_broadcast_like_vmap():
     leaves_close(out, xla(sets, states, u), **TOL[dtype])
 
 
-def test_a_vehicle_gets_the_same_bits_in_any_batch_and_a_bad_one_spoils_nothing_else():
-    """Lanes never mix: a vehicle's result does not depend on batch size or position
-    (wide, narrow and single blocks agree bit for bit), and a NaN command stays in its vehicle."""
-    dtype = jnp.float32
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_a_vehicle_gets_the_same_bits_in_any_batch_and_a_bad_one_spoils_nothing_else(dtype):
+    """Lanes never mix: a vehicle's result does not depend on batch size or position (full blocks,
+    part-filled ones, and batches small enough for the step's half-width copy, rollout.cc's Narrow,
+    agree bit for bit), and a NaN command stays in its vehicle."""
     p = busy_params(dtype)
     states, u = _fleet(p, 70, 30, dtype)
     run = jax.jit(lambda s, u: _batch(p, s, u, 1e-3, save_every=0, backend="native").final)

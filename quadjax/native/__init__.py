@@ -20,6 +20,11 @@ the XLA path runs (:func:`kernel_step`, i.e. ``quadjax.integrators.rk4_step_c``)
 loop). ``rollout.cc`` is only the harness: batch broadcasting, blocks, command staging,
 substeps, saving, threads and the FFI binding. The parameter and state layouts are the
 dataclasses' fields in order (:class:`quadjax.native.generate.Layout`); nothing restates them.
+The forward library holds the step twice, over a full vector and over half of one: a batch that
+fits in half a vector runs the narrow copy, whose divisions and square roots wait about half as
+long (N = 1: 134 against 190 ns per step on an AVX-512 host). The generator places every fused
+multiply-add and the compiler contracts none (:data:`FLAGS`), so both copies round alike and a
+vehicle's bits never depend on its batch (tests/test_native.py).
 
 The tangent and adjoint steps are generated the same way, from ``jax.jvp`` and ``jax.vjp`` of
 that function (:func:`tangent_step`, :func:`adjoint_step`), into a second library built on the
@@ -94,17 +99,21 @@ def _vector_bytes() -> int:
 
 
 VECTOR_BYTES = _vector_bytes()
-# -ffp-contract=fast: multiply-adds fused (12 % less CPU time per vehicle-step, measured); the kernel
-# then rounds differently from XLA's un-fused operations (agreement to ~1e-13 in float64, tested),
-# but every vehicle still runs the same instructions in every lane, block, batch size and shard, so
-# its result never depends on them (tested bit for bit)
+# -ffp-contract=off: the generator writes every fused multiply-add itself (generate.py, _VectorEmitter.fuse:
+# a product whose every use is a sum is fused into them), so the step rounds the same at every vector width
+# and the rollout may run a half-width copy for small batches (rollout.cc's Narrow; GCC's own contraction
+# fused 486 products at one width and 482 at the other). Fused: the same speed as GCC's contraction
+# (one-core rollout 14.2 ns, grad and jvp unchanged, benchmarks/README.md 2026-12-05, tenth session), 12 %
+# less CPU time than none. The kernel rounds differently from XLA's un-fused operations (agreement to
+# ~1e-13 in float64, tested), but every vehicle runs the same instructions in every lane, block, batch
+# size and shard, so its result never depends on them (tested bit for bit)
 # -mprefer-vector-width=512 where the vectors are 64 bytes: GCC otherwise (its tuning for these CPUs)
 # vectorises a lane-wise helper (fabs, sqrt, ...) in 256-bit halves, stores both halves and loads the
 # whole vector back, which cannot be forwarded from two stores: a stall at every such call. With it, the
 # rollout took 14.7-15.3 against 19.5 ns CPU per vehicle-step on one core, grad 56 against 70 ns wall
 # (benchmarks/README.md, 2026-12-05). It changes no lane's arithmetic.
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
-         "-ffp-contract=fast", "-w") + (("-mprefer-vector-width=512",) if VECTOR_BYTES == 64 else ())
+         "-ffp-contract=off", "-w") + (("-mprefer-vector-width=512",) if VECTOR_BYTES == 64 else ())
 #: the jax.monitoring duration event of each C++ compile of a generated kernel, in seconds (a cache
 #: hit records none): register_event_duration_secs_listener sees it beside JAX's compile events
 BUILD_EVENT = "/quadjax/native/build_duration"
@@ -187,7 +196,10 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     name, lanes, ex = _struct(dtype, rotors), VECTOR_BYTES // dtype.itemsize, step_example(rotors, dtype)
     step = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=name, lanes=lanes)
     if kind == "forward":
-        parts = [step.source, HARNESS.read_text(), f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {name});",
+        # the step also over half the lanes, for batches that fit in it (rollout.cc's Narrow)
+        narrow = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=f"{name}_n", lanes=lanes // 2)
+        parts = [step.source, narrow.source, HARNESS.read_text(), f"QUADJAX_NARROW({name}, {name}_n)",
+                 f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {name});",
                  f"QUADJAX_ROLLOUT_LEAVES({_target(dtype, rotors, 'leaves')}, {name});",
                  f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {name});\n"]
     else:

@@ -26,14 +26,17 @@ The layout of the flat input and output vectors is the pytree's leaves in order 
 dataclasses: their fields in declaration order), each raveled C-order: :class:`Layout`
 records it, so the harness never restates a field list. NaN semantics follow XLA: ``max``,
 ``min`` and ``clamp`` propagate NaN. Compiled with ``-ffp-contract=off`` (no FMA) the code rounds
-as the model's un-fused XLA operations do (tests/test_generate.py); the kernel is compiled with
-FMA contraction (quadjax.native.FLAGS) and agrees to rounding.
+as the model's un-fused XLA operations do (tests/test_generate.py). The kernel form writes its fused
+multiply-adds itself (a product whose every use is a sum is fused into each, one rounding) and is
+compiled without contraction (quadjax.native.FLAGS): it agrees with XLA to rounding, and rounds the
+same at every vector width.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.extend.core
@@ -76,6 +79,9 @@ static inline float qj_min_f(float a, float b) { return (a != a || a < b) ? a : 
 
 
 _LITERAL = jax.extend.core.Literal
+_LOCAL = re.compile(r"\bv\d+\b")  # a local's name in emitted C
+_DEFINITION = re.compile(r"\s*const V (v\d+) = ")
+_ASSIGNMENT = re.compile(r"\s*(v\d+) = ")  # a branch's result
 
 
 class _Sym(str):
@@ -166,6 +172,8 @@ class _Emitter:
         XLA's correctly rounded quotient; else it is ``a * (1 / b)`` with ``1 / b`` shared. Here always."""
         return True
 
+    fused = False  # whether a product feeding a sum becomes one fused multiply-add (_VectorEmitter)
+
 
 class _VectorEmitter(_Emitter):
     """C++ over a block of W vehicles, one per lane of GCC vector types (``V``: W floats, ``M``:
@@ -177,6 +185,8 @@ class _VectorEmitter(_Emitter):
     def __init__(self, invariant: set, reciprocals: bool = False):
         super().__init__()
         self.prologue: list[str] = []
+        self.products: dict = {}  # a local computed as a product: its two operands
+        self.sums: dict = {}  # a local computed as a sum of a product: its fused forms
         self.hoisted = 0
         self.invariant = set(invariant)
         self.open: list = []  # the enclosing code and value numbering of each open branch
@@ -290,6 +300,73 @@ class _VectorEmitter(_Emitter):
     def clamp(self, lo: str, x: str, hi: str, suffix: str) -> str:
         return f"qj_vmin(qj_vmax({x}, {lo}), {hi})"
 
+    # ---- fused multiply-adds, placed here rather than by the compiler's contraction: the kernel is
+    # compiled with -ffp-contract=off, so the same source rounds the same at every vector width (GCC's
+    # contraction fused 486 products at one width and 482 at the other), and a vehicle's bits never
+    # depend on which width of the step ran it. Sums and products are noted as they are emitted; once
+    # the step is complete, :meth:`fuse` rewrites the sums of each product used only in sums
+    fused = True
+
+    def note(self, name: str, q: _Sym, xs, dtype) -> None:
+        """Record a product (its operands; a negated product's first operand negated) and a sum that
+        one of its operands could absorb (its fused forms, the second operand's first: a dot
+        product's running sum is the first)."""
+        if q in self.invariant:  # a hoisted product's operands would be reloaded every step to save one add
+            return
+        if name == "mul":
+            self.products[q] = tuple(self.expr(x, dtype) for x in xs)
+        elif name == "neg" and xs[0] in self.products:  # the transposes of a step negate products often
+            a, b = self.products[xs[0]]
+            self.products[q] = (f"(-{a})", b)  # exact; GCC folds it into the FMA's sign
+        elif name in ("add", "add_any", "sub") and q not in self.sums and xs[0] is not xs[1]:
+            x, y = xs
+            forms = [(p, self.fma(*self.products[p], self.expr(c, dtype), sign))
+                     for p, c, sign in ((y, x, "-" if name == "sub" else "+"), (x, y, "~" if name == "sub" else "+"))
+                     if p in self.products]
+            if forms:
+                self.sums[q] = forms
+
+    @staticmethod
+    def fma(a: str, b: str, c: str, sign: str) -> str:
+        """a·b + c (sign "+"), c − a·b ("-"), or a·b − c ("~"), each rounded once."""
+        return {"+": f"qj_vfma({a}, {b}, {c})", "-": f"qj_vfnma({a}, {b}, {c})", "~": f"qj_vfms({a}, {b}, {c})"}[sign]
+
+    def fuse(self, tail: list) -> int:
+        """Rewrite as fused multiply-adds the sums of the products whose every live use is such a sum
+        (GCC's rule for contraction: a product with another use stays, and fusing it into its sums
+        would keep its operands live beside it: the tangent step was 8 % slower so). ``tail``: the
+        code after the step's lines that reads its locals. Returns how many sums were fused."""
+        reads: dict = {}  # a local: the locals its definitions read (a branch's result has two)
+        for line in self.lines:
+            m = _DEFINITION.match(line) or _ASSIGNMENT.match(line)
+            if m:
+                reads.setdefault(m.group(1), set()).update(_LOCAL.findall(line[m.end():]))
+        live, todo = set(), [n for line in tail for n in _LOCAL.findall(line)]
+        todo += [n for line in self.lines if not (_DEFINITION.match(line) or _ASSIGNMENT.match(line))
+                 for n in _LOCAL.findall(line)]  # a branch's test
+        while todo:
+            n = todo.pop()
+            if n not in live:
+                live.add(n)
+                todo += reads.get(n, ())
+        uses: dict = {}
+        for line in self.lines + tail:
+            m = _DEFINITION.match(line) or _ASSIGNMENT.match(line)
+            if m is None or m.group(1) in live:
+                for n in _LOCAL.findall(line[m.end():] if m else line):
+                    uses[n] = uses.get(n, 0) + 1
+        claims: dict = {}
+        for q, forms in self.sums.items():
+            for p, _ in forms if q in live else ():
+                claims[p] = claims.get(p, 0) + 1
+        fusable = {p for p, n in claims.items() if uses.get(p, 0) == n}
+        chosen = {q: next((f for p, f in forms if p in fusable), None) for q, forms in self.sums.items()}
+        for i, line in enumerate(self.lines):
+            m = _DEFINITION.match(line)
+            if m and chosen.get(m.group(1)):
+                self.lines[i] = f"{line[:m.end()]}{chosen[m.group(1)]};"
+        return sum(f is not None for f in chosen.values())
+
     def call(self, name: str, args: list, suffix: str) -> str:
         return f"qj_v{name}({', '.join(args)})"
 
@@ -354,6 +431,33 @@ QJ_LANEWISE(qj_vsign, (x > 0) - (x < 0))
 QJ_LANEWISE(qj_vtrunc, std::trunc(x))
 #undef QJ_LANEWISE
 #undef QJ_LIBM
+// Fused multiply-adds, one rounding, placed by the generator (the kernel is compiled without
+// contraction): the same instruction at every vector width, so a lane's bits never depend on it
+#if defined(__x86_64__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+template <class V> inline V qj_vfma(V a, V b, V c) {  // a * b + c
+#if defined(__x86_64__) && defined(__FMA__)
+  constexpr bool f32 = sizeof(a[0]) == 4;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && f32) return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+  if constexpr (sizeof(V) == 64 && !f32) return (V)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+#endif
+  if constexpr (sizeof(V) == 32 && f32) return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+  if constexpr (sizeof(V) == 32 && !f32) return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
+  if constexpr (sizeof(V) == 16 && f32) return (V)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+  if constexpr (sizeof(V) == 16 && !f32) return (V)_mm_fmadd_pd((__m128d)a, (__m128d)b, (__m128d)c);
+#endif
+#if defined(FP_FAST_FMA) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  V r;  // a hardware FMA lane by lane (vectorised by the compiler)
+  for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::fma(a[l], b[l], c[l]);
+  return r;
+#else
+  return a * b + c;  // no FMA in hardware: two roundings (the same at every width, still)
+#endif
+}
+template <class V> inline V qj_vfnma(V a, V b, V c) { return qj_vfma(-a, b, c); }  // c - a * b
+template <class V> inline V qj_vfms(V a, V b, V c) { return qj_vfma(a, b, -c); }   // a * b - c
 template <class V> inline V qj_vfmod(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::fmod(a[l], b[l]); return r; }
 template <class V> inline V qj_vpow(V a, V b) { V r; for (unsigned l = 0; l < sizeof(V) / sizeof(a[0]); ++l) r[l] = std::pow(a[l], b[l]); return r; }
 """
@@ -561,7 +665,10 @@ class _Generator:
                 else:
                     v = fold(*[_const(x, d) for x, d in zip(xs, dtypes)])
             return _const(v, dtype)
-        return out.local(xs, ctype, out.spell(name, [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+        q = out.local(xs, ctype, out.spell(name, [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
+        if out.fused and np.issubdtype(dtype, np.floating):
+            out.note(name, q, xs, dtype)
+        return q
 
     def reciprocal(self, x, dtype, suffix) -> _Sym:
         """The local 1 / x (one per x: value numbering)."""
@@ -930,6 +1037,7 @@ def generate_kernel(step, args: dict, *, carry: str, invariant: tuple, namespace
     results = [f"  const V o{k} = {out.expr(x, d) if d != np.bool_ else f'qj_vfloat<V>({out.expr(x, d)})'};"
                for k, (x, d) in enumerate(flat)]
     stores = [f"  {carry}[{k}] = o{k};" if k < n_x else f"  {emit}[{k - n_x}] = o{k};" for k in range(len(flat))]
+    out.fuse(results)
     ptrs = ", ".join(f"{'' if n == carry else 'const '}V* __restrict {n}" for n in args)
     if emit is not None:
         ptrs += f", V* __restrict {emit}"

@@ -497,8 +497,22 @@ void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, int64_t ticks, 
 // Every vehicle of the batch through the job, in blocks of W. Helpers from 2 048 vehicle-steps
 // (~40 us of work here): a one-step call at N = 2 048 took 18 against 25 ns per vehicle on two
 // threads; at N = 1 024 they gained little and doubled the CPU time (2026-12-05).
+// A copy of K's step over half its lanes (QUADJAX_NARROW), for batches that fit in it: one block's
+// step is then one chain of dependent operations, bound by latency, and a 256-bit division or square
+// root has about half a 512-bit one's (N = 1: 125-129 against 190 ns per step, benchmarks/README.md).
+// The generator places every fused multiply-add (the library is built without contraction), so both
+// copies run the same arithmetic in every lane: a vehicle's bits do not depend on which ran it.
+template <class K>
+struct Narrow {
+  using type = void;
+};
+
 template <class K>
 void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
+  using KN = typename Narrow<K>::type;
+  if constexpr (!std::is_void_v<KN>) {
+    if (n <= KN::W) return Run<KN>(pool, job, n);
+  }
   constexpr int W = K::W;
   Parallel<Block<K>>(pool, (n + W - 1) / W, n * job.T * job.substeps >= (int64_t{1} << 11), job.T * job.substeps,
                      [&](Block<K>& block, int64_t b) {
@@ -831,6 +845,13 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
       RESULTS                                                                                          \
       .Attr<int64_t>("substeps")                                                                       \
       .Attr<int64_t>("save_every")
+#define QUADJAX_NARROW(K, KN) \
+  namespace {                 \
+  template <>                 \
+  struct Narrow<K> {          \
+    using type = KN;          \
+  };                          \
+  }
 #define QUADJAX_ROLLOUT(NAME, K)                                                                       \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Rollout<K>), QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()))
 #define QUADJAX_ROLLOUT_LEAVES(NAME, K)                                                                \
