@@ -331,8 +331,8 @@ class Replay(NamedTuple):
     """What :func:`replay` found.
 
     ``reproduced``: the same violation (code, phase). ``bitwise``: the step's output
-    equal to the recorded one in every bit (always True for a violation found before
-    the step, where nothing is computed). ``code`` and ``after`` are the re-run's.
+    equal to the recorded one in every bit, a NaN's sign and payload aside (always True for a
+    violation found before the step, where nothing is computed). ``code`` and ``after`` are the re-run's.
     """
 
     meta: dict
@@ -376,6 +376,19 @@ def load_history(path):
             return None
         states = QuadState(**{f.name: z[f"history.{f.name}"] for f in dataclasses.fields(QuadState)})
         return states, float(z["history_step"])
+
+
+def _same_bits(a, b) -> bool:
+    """Equal in every bit, NaNs aside: where both are NaN their sign and payload are not compared.
+    A NaN's sign and payload are the operand the instruction happened to take first (x86), so two
+    compilations of one step (a closed loop's kernel and the step's own) may differ there only."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not np.issubdtype(a.dtype, np.floating):
+        return a.tobytes() == b.tobytes()
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b))) and a[~nan].tobytes() == b[~nan].tobytes()
 
 
 #: replay runs the recorded vehicle in a batch of copies: XLA compiles scalar and
@@ -422,9 +435,7 @@ def replay(path) -> Replay:
     if meta["phase"] == "before":
         bitwise = True
     else:
-        bitwise = all(
-            np.asarray(a).dtype == np.asarray(b).dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
-            for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(recorded))
-        )
+        bitwise = all(_same_bits(a, b) for a, b in zip(jax.tree_util.tree_leaves(after),
+                                                       jax.tree_util.tree_leaves(recorded)))
     same = code == meta["code"] and phase >= 0 and _PHASES[phase] == meta["phase"]
     return Replay(meta=meta, code=code, after=after, reproduced=same, bitwise=same and bitwise)

@@ -823,7 +823,10 @@ def kernel_rk4_step(params: QuadParams, state: QuadState, command, dt, *, fallba
     R = command.shape[-1] if command.ndim else 0
     applies = (jax.default_backend() == "cpu" and supports(R, dtype) and params.rotor_spins.shape[-1] == R
                and all(jnp.result_type(x) == dtype for x in leaves)
-               and (not hasattr(dt, "dtype") or jnp.result_type(dt) == dtype) and available(dtype, R))
+               # a dt that would not promote the step (a Python float, also traced as a weak float64
+               # under x64: jit(rk4_step)(p, s, u, 1e-3) took the XLA form where the eager call took
+               # the kernel), not only one of the step's own dtype
+               and jnp.result_type(dtype, dt) == dtype and available(dtype, R))
     if not applies:
         return fallback(params, state, command, dt)
     dt = jnp.asarray(dt, dtype)
