@@ -172,7 +172,9 @@ class _Emitter:
         XLA's correctly rounded quotient; else it is ``a * (1 / b)`` with ``1 / b`` shared. Here always."""
         return True
 
-    fused = False  # whether a product feeding a sum becomes one fused multiply-add (_VectorEmitter)
+    def note(self, name: str, q: _Sym, xs, dtype) -> None:
+        """A float local ``q = name(*xs)`` was emitted (:class:`_VectorEmitter` fuses multiply-adds
+        from these; scalar C leaves the products and sums as XLA's un-fused operations round)."""
 
 
 class _VectorEmitter(_Emitter):
@@ -305,8 +307,6 @@ class _VectorEmitter(_Emitter):
     # contraction fused 486 products at one width and 482 at the other), and a vehicle's bits never
     # depend on which width of the step ran it. Sums and products are noted as they are emitted; once
     # the step is complete, :meth:`fuse` rewrites the sums of each product used only in sums
-    fused = True
-
     def note(self, name: str, q: _Sym, xs, dtype) -> None:
         """Record a product (its operands; a negated product's first operand negated) and a sum that
         one of its operands could absorb (its fused forms, the second operand's first: a dot
@@ -335,7 +335,9 @@ class _VectorEmitter(_Emitter):
         """Rewrite as fused multiply-adds the sums of the products whose every live use is such a sum
         (GCC's rule for contraction: a product with another use stays, and fusing it into its sums
         would keep its operands live beside it: the tangent step was 8 % slower so). ``tail``: the
-        code after the step's lines that reads its locals. Returns how many sums were fused."""
+        code after the step's lines that reads its locals. Uses are read from the emitted lines, which
+        are the ground truth: a local's operands at emission do not always name what its expression
+        reads (a negative integer power reads the reciprocal, not its operand)."""
         reads: dict = {}  # a local: the locals its definitions read (a branch's result has two)
         for line in self.lines:
             m = _DEFINITION.match(line) or _ASSIGNMENT.match(line)
@@ -365,7 +367,6 @@ class _VectorEmitter(_Emitter):
             m = _DEFINITION.match(line)
             if m and chosen.get(m.group(1)):
                 self.lines[i] = f"{line[:m.end()]}{chosen[m.group(1)]};"
-        return sum(f is not None for f in chosen.values())
 
     def call(self, name: str, args: list, suffix: str) -> str:
         return f"qj_v{name}({', '.join(args)})"
@@ -666,7 +667,7 @@ class _Generator:
                     v = fold(*[_const(x, d) for x, d in zip(xs, dtypes)])
             return _const(v, dtype)
         q = out.local(xs, ctype, out.spell(name, [out.expr(x, d) for x, d in zip(xs, dtypes)], suffix))
-        if out.fused and np.issubdtype(dtype, np.floating):
+        if np.issubdtype(dtype, np.floating):
             out.note(name, q, xs, dtype)
         return q
 

@@ -494,12 +494,10 @@ void Parallel(ffi::ThreadPool& pool, int64_t blocks, bool heavy, int64_t ticks, 
   crew->cv.wait(lock, [&] { return crew->running.load(std::memory_order_acquire) == 0; });
 }
 
-// Every vehicle of the batch through the job, in blocks of W. Helpers from 2 048 vehicle-steps
-// (~40 us of work here): a one-step call at N = 2 048 took 18 against 25 ns per vehicle on two
-// threads; at N = 1 024 they gained little and doubled the CPU time (2026-12-05).
 // A copy of K's step over half its lanes (QUADJAX_NARROW), for batches that fit in it: one block's
 // step is then one chain of dependent operations, bound by latency, and a 256-bit division or square
-// root has about half a 512-bit one's (N = 1: 125-129 against 190 ns per step, benchmarks/README.md).
+// root has about half a 512-bit one's (N = 1: 134 against 190-200 ns per step, 2026-12-05,
+// benchmarks/README.md).
 // The generator places every fused multiply-add (the library is built without contraction), so both
 // copies run the same arithmetic in every lane: a vehicle's bits do not depend on which ran it.
 template <class K>
@@ -507,6 +505,9 @@ struct Narrow {
   using type = void;
 };
 
+// Every vehicle of the batch through the job, in blocks of W. Helpers from 2 048 vehicle-steps
+// (~40 us of work here): a one-step call at N = 2 048 took 18 against 25 ns per vehicle on two
+// threads; at N = 1 024 they gained little and doubled the CPU time (2026-12-05).
 template <class K>
 void Run(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
   using KN = typename Narrow<K>::type;
