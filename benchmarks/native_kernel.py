@@ -20,8 +20,9 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
   timed call), except in the "commands time-major" row, where they are laid out (T, N, 4) before;
 * ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode (the generated
   tangent kernel) of a 1 000-step rollout loss at N = 256, against the native forward of the same
-  loss; ``jvp`` with one tangent and with four at once (``jax.vmap`` over the tangents, as
-  ``jax.jacfwd`` pushes them; issue 13 asks (1 + k)x the forward); the same ``grad`` on the XLA
+  loss; ``jvp`` with one tangent and with four and eight at once (``jax.vmap`` over the tangents, as
+  ``jax.jacfwd`` pushes them: the multi-tangent kernel, four per primal; issue 13 asks (1 + k)x the
+  forward); the same ``grad`` on the XLA
   backend; and grad at 10 000 steps, where the reverse sweep recomputes segments from checkpoints. Each row reports the
   subprocess's peak resident memory (``ru_maxrss``) and its first call (compile included).
 
@@ -91,8 +92,8 @@ def worker(case: dict) -> dict:
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,)),
           # k tangents at once, as jax.jacfwd pushes them (vmap over the tangent)
-          "jvp4": lambda u: jax.vmap(lambda d: jax.jvp(loss, (u,), (d,)))(
-              direction * jnp.arange(1.0, 5.0, dtype=u.dtype)[:, None, None, None])}[kind]
+          **{f"jvp{k}": lambda u, k=k: jax.vmap(lambda d: jax.jvp(loss, (u,), (d,)))(
+              direction * jnp.arange(1.0, k + 1.0, dtype=u.dtype)[:, None, None, None]) for k in (4, 8)}}[kind]
     f = jax.jit(fn)
     t0 = time.perf_counter()
     jax.block_until_ready(f(u))
@@ -159,6 +160,7 @@ def main():
         "grad of it, T=10000 (native adjoint, 3 recomputed segments)": dict(kind="grad", N=256, T=10000),
         "jvp of it, one tangent (native tangent)": dict(kind="jvp", N=256, T=1000),
         "jvp of it, 4 tangents (vmap over tangents, as jax.jacfwd)": dict(kind="jvp4", N=256, T=1000),
+        "jvp of it, 8 tangents": dict(kind="jvp8", N=256, T=1000),
         "grad of it on the XLA backend": dict(kind="grad_xla", N=256, T=1000),
     }
     cases = {k: v for k, v in cases.items() if args.only in k or (args.only and k.startswith("rollout forward"))}

@@ -209,3 +209,80 @@ def test_second_derivatives_and_vmap_of_grad():
     loop = [grad(v, p.mass) for v in velocities]
     leaves_close(per, jax.tree_util.tree_map(lambda *x: jnp.stack(x), *loop), rtol=1e-12, atol=1e-14)
     assert float(jnp.std(per[1])) > 0
+
+
+def _finals(backend):
+    """The fleet's final and saved states, packed, as a function of the per-vehicle masses, initial
+    velocities and commands (every other input held)."""
+    config = qj.SimConfig(backend=backend, substeps=SUBSTEPS, save_every=SAVE)
+
+    def finals(mass, velocity, u, ps, ss, wind, wrench, dts):
+        def one(p, s, u, wind, wrench, dt):
+            traj = qj.simulate(p, s, dt, commands=u, inputs=qj.Inputs(wind=wind, wrench=wrench), config=config)
+            return jnp.concatenate([native.pack_state(traj.final), jnp.ravel(native.pack_state(traj.states))])
+        return jax.vmap(one)(ps.replace(mass=mass), ss.replace(velocity=velocity), u, wind, wrench, dts)
+
+    return finals
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_jacfwd_pushes_its_tangents_four_at_a_time_and_equals_xla(dtype):
+    """jax.jacfwd (a vmap over tangents, the primals unmapped) runs the multi-tangent kernel: groups
+    of native.TANGENTS tangents with one primal each, a rest of TANGENTS - 1 padded with a zero
+    tangent, a smaller rest in the one-tangent kernel. Its Jacobians are XLA's, with the parameters
+    differentiated and without; each tangent gets the bits a one-tangent call gives it (a tangent does
+    not depend on the others riding with it, nor on its lane), and so does the primal."""
+    ps, ss, u, wind, wrench, dts = _fleet(dtype, seed=11)
+    held = (ps, ss, wind, wrench, dts)
+    rtol = 1e-10 if dtype == "float64" else 2e-3
+    k = native.TANGENTS
+    assert k == 4 and N == 5  # the groups and rests below
+    cases = {  # argnums: (tangents, the kernels that must run)
+        (1,): (3 * N, {"tangents_fixed"}),  # 15 = 3 groups and a rest of 3, padded
+        (0,): (N, {"tangents", "tangent"}),  # 5 = a group and a rest of 1 (the parameters differentiated)
+    }
+    f = {b: _finals(b) for b in ("native", "xla")}
+    for argnums, (m, kinds) in cases.items():
+        jac = {b: jax.jacfwd(lambda *a, b=b: f[b](*a, *held), argnums=argnums) for b in f}
+        hlo = _targets(jac["native"], ps.mass, ss.velocity, u)
+        ran = set(re.findall(r"quadjax_(tangents_fixed|tangents|tangent_fixed|tangent)_f(?:32|64)_", hlo))
+        assert ran == kinds, (argnums, ran)
+        got, want = (jax.jit(jac[b])(ps.mass, ss.velocity, u) for b in f)
+        assert sum(np.size(x) for x in jax.tree_util.tree_leaves(got)) == m * np.size(want[0]) // np.size(
+            (ps.mass, ss.velocity)[argnums[0]])
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            scale = float(np.max(np.abs(b)))
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale)
+
+    # four directions in the commands at once against each alone: the same bits
+    rng = np.random.default_rng(4)
+    directions = jnp.asarray(rng.normal(size=(k,) + u.shape) * np.asarray(u) * 1e-2, dtype)
+    push = lambda d: jax.jvp(lambda u: f["native"](ps.mass, ss.velocity, u, *held), (u,), (d,))  # noqa: E731
+    many = jax.jit(jax.vmap(push))(directions)
+    assert "quadjax_tangents_fixed_" in _targets(jax.vmap(push), directions)
+    for j in range(k):
+        value, tangent = jax.jit(push)(directions[j])
+        np.testing.assert_array_equal(many[1][j], tangent)
+        np.testing.assert_array_equal(many[0][j], value)
+
+
+def test_jacfwd_of_jacfwd_through_the_kernels_equals_xla():
+    """Second order over a first derivative that pushed its tangents in a group (the JVP of the
+    multi-tangent primitive, XLA's, on the packed tangents). A Hessian by jacfwd of jacfwd had failed
+    before with 'jvp called with different primal and tangent shapes': the JVP rule handed XLA the
+    primitive's primals and tangents, which may differ in their batch (1 against N)."""
+    ps, ss, u, wind, wrench, dts = _fleet("float64", seed=12)
+    p = jax.tree_util.tree_map(lambda x: x[0], ps)
+    s0, u1 = (jax.tree_util.tree_map(lambda x: x[:3], t) for t in (ss, u))
+
+    def positions(mass, b):  # 3 vehicles, one mass each: the inner jacfwd pushes 3 tangents (padded)
+        config = qj.SimConfig(backend=b)
+        return jnp.ravel(jax.vmap(lambda m, s, u: qj.simulate(p.replace(mass=m), s, 0.01, commands=u,
+                                                               config=config).final.position)(mass, s0, u1))
+
+    mass = p.mass * jnp.asarray([0.9, 1.0, 1.1])
+    hess = {b: jax.jacfwd(jax.jacfwd(lambda m, b=b: positions(m, b))) for b in ("native", "xla")}
+    assert "quadjax_tangents_f64_" in _targets(jax.jacfwd(lambda m: positions(m, "native")), mass)
+    got, want = (jax.jit(hess[b])(mass) for b in hess)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * float(np.max(np.abs(want))))
+    assert float(np.max(np.abs(want))) > 0

@@ -33,7 +33,10 @@ the parameters' derivatives (system identification) and with the parameters fixe
 (:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`: MPC, iLQR, sensitivities to the state or
 the commands), which a parameters' tangent that is a symbolic zero selects. Their divisions are
 products by shared reciprocals (``generate_kernel``'s ``reciprocals``): they agree with XLA's
-derivatives to rounding, not bit for bit.
+derivatives to rounding, not bit for bit. A ``vmap`` over tangents with the primals unmapped
+(``jax.jacfwd``, iLQR's linearisation) pushes :data:`TANGENTS` tangents through one step of a third
+library (kind "tangents", built on first use): the primal once per vehicle, not once per tangent;
+each tangent gets the bits the one-tangent kernel gives it.
 
 The kernel for a dtype is generated and compiled on its first use with the system C++
 compiler (``$CXX``, else ``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached
@@ -84,6 +87,11 @@ HARNESS = Path(__file__).with_name("rollout.cc")
 LOOP_HARNESS = Path(__file__).with_name("loop.cc")  # the closed loop's (quadjax.native.loop)
 ROTOR_COUNTS = (4, 6, 8)
 DTYPES = ("float32", "float64")
+#: tangents one call of the multi-tangent kernel pushes (source kind "tangents"): a vmap over m
+#: tangents (``jax.jacfwd``) runs ceil(m / TANGENTS) of them, one primal each. The k-tangent step
+#: is one primal and k tangents of generated code (k = 4: 12 761 lines with the parameters fixed,
+#: against 4 × 4 883 for four one-tangent steps), and its compile time grows with k.
+TANGENTS = 4
 
 
 def _vector_bytes() -> int:
@@ -130,18 +138,25 @@ def kernel_step(params_h, state: QuadState, command, wind, wrench) -> QuadState:
 
 
 def tangent_step(P, S, U, Wd, E):
-    """The tangent kernel's step: each input is a (primal, tangent) pair and so is the result,
-    ``jax.jvp`` of :func:`kernel_step` (forward mode through the same statement of the physics)."""
-    primals, tangents = zip(P, S, U, Wd, E)
-    return jax.jvp(kernel_step, primals, tangents)
+    """The tangent kernel's step: each input is a tuple (primal, tangent 1, ..., tangent k) and so
+    is the result, ``jax.jvp`` of :func:`kernel_step` once per tangent (forward mode through the same
+    statement of the physics). The k traces share their primal, which the generator's value
+    numbering emits once: a step pushing k tangents costs one primal and k tangents' arithmetic."""
+    return _pushed(kernel_step, (P, S, U, Wd, E))
 
 
 def tangent_step_fixed(P, S, U, Wd, E):
     """:func:`tangent_step` with the parameters held fixed: ``P`` a primal alone, its tangent zero.
     What ``jax.jvp`` and ``jax.grad`` with respect to anything but the parameters run (MPC, iLQR,
     state sensitivities): the parameters' derivative terms gone, the step ~25 % shorter."""
-    primals, tangents = zip(S, U, Wd, E)
-    return jax.jvp(functools.partial(kernel_step, P), primals, tangents)
+    return _pushed(functools.partial(kernel_step, P), (S, U, Wd, E))
+
+
+def _pushed(fn, args) -> tuple:
+    """(fn's primal, its tangent along each tangent of ``args``), each arg (primal, t1, ..., tk)."""
+    primals = tuple(a[0] for a in args)
+    outs = [jax.jvp(fn, primals, tuple(a[j] for a in args)) for j in range(1, len(args[0]))]
+    return (outs[0][0], *(t for _, t in outs))
 
 
 def _swept(step, X, held, C):
@@ -189,7 +204,9 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     then the harness, then the FFI targets. ``kind`` "forward": the rollout and the step entry
     points; "derivatives": the tangent rollout (:func:`tangent_step` in the rollout harness, every
     row primal then tangent) and the reverse sweep (:func:`adjoint_step`), each also with the
-    parameters fixed (:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`)."""
+    parameters fixed (:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`); "tangents": the
+    tangent rollout pushing :data:`TANGENTS` tangents at once (rows primal then each tangent), with
+    and without the parameters' terms (what ``jax.jacfwd`` and a ``vmap`` over tangents run)."""
     dtype = np.dtype(dtype)
     if dtype == np.float64 and not jax.config.jax_enable_x64:
         raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
@@ -202,6 +219,15 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
                  f"QUADJAX_ROLLOUT({_target(dtype, rotors)}, {name});",
                  f"QUADJAX_ROLLOUT_LEAVES({_target(dtype, rotors, 'leaves')}, {name});",
                  f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {name});\n"]
+    elif kind == "tangents":
+        structs, targets = [], []
+        for suffix, with_params in (("", True), ("_fixed", False)):
+            tuples = {k: (v,) * (TANGENTS + 1) if with_params or k != "P" else v for k, v in ex.items()}
+            structs.append(generate_kernel(tangent_step if with_params else tangent_step_fixed, tuples, carry="S",
+                                           invariant=("P",), namespace=f"{name}_m{suffix}", lanes=lanes,
+                                           reciprocals=True).source)
+            targets.append(f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangents' + suffix)}, {name}_m{suffix});")
+        parts = [*structs, HARNESS.read_text(), "\n".join(targets) + "\n"]
     else:
         # each derivative twice: with the parameters' derivatives and with the parameters fixed; a
         # division in them is a product by a shared reciprocal (generate_kernel's reciprocals)
@@ -337,7 +363,8 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
 
 
 _TARGETS = {"forward": ("rollout", "leaves", "step"),
-            "derivatives": ("tangent", "adjoint", "tangent_fixed", "adjoint_fixed")}
+            "derivatives": ("tangent", "adjoint", "tangent_fixed", "adjoint_fixed"),
+            "tangents": ("tangents", "tangents_fixed")}
 
 
 def _register(lib: Path, targets) -> None:
@@ -578,23 +605,27 @@ def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors):
         P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
 
-def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0, params_fixed=False):
+def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, rotors, segment=0, params_fixed=False,
+               pushed=1):
     """The tangent kernel runs the rollout harness on rows [primal | tangent] (:func:`tangent_step`):
     (final, saved, dfinal, dsaved), the primal and the tangent of one call. ``params_fixed``: ``dP``
-    is zero, and the kernel that leaves it out runs (:func:`tangent_step_fixed`)."""
+    is zero, and the kernel that leaves it out runs (:func:`tangent_step_fixed`). ``pushed``: the
+    number of tangents, 1 or :data:`TANGENTS`; each tangent argument and result holds them side by
+    side on its last axis (:func:`_packed`), and the multi-tangent kernel runs."""
     primals, tangents = (P, x0, U, Wd, E), (dP, dx0, dU, dWd, dE)
     batch, (NS, _, slots) = _batch(primals + tangents, _CORE * 2), _sizes(x0, U, save_every)
 
     def pair(x, dx, c):  # one batch shape for both, then side by side on the last axis
         b = jnp.broadcast_shapes(x.shape[:x.ndim - c], dx.shape[:dx.ndim - c])
         return jnp.concatenate([jnp.broadcast_to(x, b + x.shape[x.ndim - c:]),
-                                jnp.broadcast_to(dx, b + x.shape[x.ndim - c:])], axis=-1)
+                                jnp.broadcast_to(dx, b + dx.shape[dx.ndim - c:])], axis=-1)
 
     rows = [P if params_fixed and k == 0 else pair(x, dx, c)
             for k, (x, dx, c) in enumerate(zip(primals, tangents, _CORE))]
-    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "tangent_fixed" if params_fixed else "tangent"),
-                            (jax.ShapeDtypeStruct(batch + (2 * NS,), U.dtype),
-                             jax.ShapeDtypeStruct(batch + (slots, 2 * NS), U.dtype)))
+    kind = ("tangent" if pushed == 1 else "tangents") + ("_fixed" if params_fixed else "")
+    width = (1 + pushed) * NS
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, kind), (jax.ShapeDtypeStruct(batch + (width,), U.dtype),
+                                                             jax.ShapeDtypeStruct(batch + (slots, width), U.dtype)))
     final, saved = call(*rows, substeps=np.int64(substeps), save_every=np.int64(save_every))
     return final[..., :NS], saved[..., :NS], final[..., NS:], saved[..., NS:]
 
@@ -621,7 +652,7 @@ def unpack_params(row: jax.Array, rotors: int) -> tuple:
     return _unpack(row, step_example(rotors, np.dtype(row.dtype))["P"])
 
 
-def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0, params_fixed=False):
+def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0, params_fixed=False, pushed=1):
     """rollout_p on XLA: :func:`kernel_step` scanned, one vehicle per row of the broadcast batch
     (the reference for the kernels' derivatives, and their second derivatives; ``params_fixed``
     changes no value: the parameters' tangent is then zero)."""
@@ -689,12 +720,60 @@ joint_p = _primitive("quadjax_rollout_joint", _joint_ffi, 4)
 
 
 def _joint_batched(args, dims, **params):
-    """joint_p batched like the others, except where only tangents are mapped (``jax.jacfwd``): its
-    primal halves then leave unmapped, as rollout_p's would (each row of the call computed the same)."""
-    outs, out_dims = _all_mapped(joint_p, 4, args, dims, **params)
+    """joint_p batched like the others, except where only tangents are mapped (``jax.jacfwd``, a
+    ``vmap`` over tangents): its primal halves then leave unmapped, as rollout_p's would, and the
+    tangents go :data:`TANGENTS` at a time through the multi-tangent kernel (:func:`_pushed_batch`)."""
     if any(d is not None for d in dims[:5]):
-        return outs, out_dims
+        return _all_mapped(joint_p, 4, args, dims, **params)
+    dtype, m = args[2].dtype, next(x.shape[d] for x, d in zip(args[5:], dims[5:]) if d is not None)
+    # fewer than TANGENTS - 1 tangents: each in the one-tangent kernel costs less than a padded group
+    if (params.get("pushed", 1) == 1 and m >= TANGENTS - 1
+            and _load(np.dtype(dtype).name, params["rotors"], "tangents") is None):
+        return _pushed_batch(m, args, dims, **params)
+    outs, _ = _all_mapped(joint_p, 4, args, dims, **params)
     return [outs[0][0], outs[1][0], *outs[2:]], (None, None, 0, 0)
+
+
+def _packed(t, k: int):
+    """(c·k, *rest) -> (c, *rest[:-1], k·rest[-1]): each group of k tangents side by side on the last
+    axis, as the multi-tangent kernel's rows hold them (primal, then tangent 1, 2, ...)."""
+    t = jnp.moveaxis(jnp.reshape(t, (t.shape[0] // k, k) + t.shape[1:]), 1, -2)  # explicit sizes: t may be empty
+    return jnp.reshape(t, t.shape[:-2] + (k * t.shape[-1],))
+
+
+def _unpacked(t, k: int):
+    """The inverse of :func:`_packed`: (c, *rest[:-1], k·w) -> (c·k, *rest[:-1], w)."""
+    t = jnp.moveaxis(jnp.reshape(t, t.shape[:-1] + (k, t.shape[-1] // k)), -2, 1)
+    return jnp.reshape(t, (t.shape[0] * k,) + t.shape[2:])
+
+
+def _pushed_batch(m, args, dims, **params):
+    """joint_p over m mapped tangents with unmapped primals: full groups of :data:`TANGENTS` in the
+    multi-tangent kernel (one primal per group and vehicle). A rest of fewer than TANGENTS - 1
+    tangents runs in the one-tangent kernel, each with its primal; a rest of TANGENTS - 1 is padded
+    with a zero tangent (four tangents' step, params fixed: 13 202 instructions, against 3 × 4 817 for
+    three one-tangent steps; benchmarks/README.md, 2026-12-05)."""
+    k = TANGENTS
+    tangents = [jnp.broadcast_to(x[None], (m,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
+                for x, d in zip(args[5:], dims[5:])]
+    rest = m % k
+    pad = k - rest if rest == k - 1 else 0
+    groups = (m + pad) // k
+    if pad:
+        tangents = [jnp.concatenate([t, jnp.zeros((pad,) + t.shape[1:], t.dtype)]) for t in tangents]
+    primals = [x[None] for x in args[:5]]
+    # with the parameters fixed the kernels read no parameters' tangent: pack none
+    unread = jnp.zeros((1,) * (args[0].ndim + 1), args[0].dtype) if params["params_fixed"] else None
+    calls = []
+    if groups:
+        packed = [unread if unread is not None and i == 0 else _packed(t[:groups * k], k) for i, t in enumerate(tangents)]
+        final, saved, *d = joint_p.bind(*primals, *packed, **params, pushed=k)
+        calls.append((final, saved, *[_unpacked(x, k) for x in d]))
+    if groups * k < m:
+        calls.append(joint_p.bind(*primals, *[t[groups * k:m] for t in tangents], **params))
+    final, saved = calls[0][:2]  # the primal of the first call (every call computes it)
+    d_final, d_saved = (jnp.concatenate([c[i] for c in calls])[:m] for i in (2, 3))
+    return [final[0], saved[0], d_final, d_saved], (None, None, 0, 0)
 
 
 batching.primitive_batchers[joint_p] = _joint_batched
@@ -737,7 +816,9 @@ def _joint_partial_eval(trace, *tracers, **params):
     the primal from rollout_p, now, and the tangent from tangent_p, staged: linear, its transpose the
     adjoint kernel. Otherwise as any primitive."""
     primals = [t.pval.get_known() for t in tracers[:5]]
-    if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]):
+    # (a joint_p pushing several tangents comes only from a vmap over tangents, whose binding goes
+    # below any linearisation: it is differentiated by its JVP rule, never split here)
+    if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]) or params.get("pushed", 1) > 1:
         return trace.default_process_primitive(joint_p, tracers, params)
     return [*rollout_p.bind(*primals, **_forward(params)), *trace.default_process_primitive(tangent_p, tracers, params)]
 
@@ -750,7 +831,7 @@ def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
     needed = [v for v, inst in zip(eqn.invars, instantiated) if isinstance(v, jax.extend.core.Var) and not inst]
     if not any(unknowns):
         return eqn, None, [False] * 4, [False] * 4, []
-    if any(unknowns[:5]):
+    if any(unknowns[:5]) or eqn.params.get("pushed", 1) > 1:
         return None, eqn, [True] * 4, [True] * 4, needed
     known = eqn.replace(primitive=rollout_p, invars=eqn.invars[:5], outvars=eqn.outvars[:2], params=_forward(eqn.params))
     staged = eqn.replace(primitive=tangent_p, outvars=eqn.outvars[2:])
@@ -771,8 +852,8 @@ def _tangent_transpose(cts, *args, **params):
 
 
 def _forward(params: dict) -> dict:
-    """rollout_p's parameters among a derivative primitive's (all but ``params_fixed``)."""
-    return {k: v for k, v in params.items() if k != "params_fixed"}
+    """rollout_p's parameters among a derivative primitive's (all but ``params_fixed`` and ``pushed``)."""
+    return {k: v for k, v in params.items() if k not in ("params_fixed", "pushed")}
 
 
 def _adjoint_xla(xla, args):
@@ -792,11 +873,31 @@ def _on_xla(form):
     return jvp
 
 
+def _joint_xla(xla, a) -> tuple:
+    """What joint_p computes, on XLA: the primal and the tangent of ``a`` = (primals, tangents),
+    the tangents ``pushed`` at a time side by side on their last axis (:func:`_packed`)."""
+    # primals and tangents broadcast to one batch: the primitive takes either with 1s in its batch
+    pushed, batch = xla.keywords.get("pushed", 1), _batch(a, _CORE * 2)
+    primals = tuple(jnp.broadcast_to(x, batch + x.shape[x.ndim - c:]) for x, c in zip(a[:5], _CORE))
+    if xla.keywords.get("params_fixed"):  # its parameters' tangent is zero (and may be a placeholder)
+        a = (*a[:5], jnp.zeros(primals[0].shape[:-1] + (pushed * primals[0].shape[-1],), primals[0].dtype), *a[6:])
+    if pushed == 1:
+        tangents = tuple(jnp.broadcast_to(t, x.shape) for t, x in zip(a[5:], primals))
+        return tuple(x for pair in jax.jvp(xla, primals, tangents) for x in pair)
+
+    def split(t, c):  # (pushed, batch..., core): one tangent per row
+        t = jnp.broadcast_to(t, batch + t.shape[t.ndim - c:])
+        return jnp.moveaxis(jnp.reshape(t, t.shape[:-1] + (pushed, t.shape[-1] // pushed)), -2, 0)
+
+    out, d = jax.vmap(lambda *t: jax.jvp(xla, primals, t), out_axes=(None, 0))(*map(split, a[5:], _CORE))
+    return (*out, *[_packed(x, pushed)[0] for x in d])
+
+
 ad.primitive_jvps[rollout_p] = _rollout_jvp
-ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: jax.jvp(xla, a[:5], a[5:])[1])
+ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: _joint_xla(xla, a)[2:])
 pe.custom_partial_eval_rules[joint_p] = _joint_partial_eval
 pe.partial_eval_jaxpr_custom_rules[joint_p] = _joint_partial_eval_jaxpr
-ad.primitive_jvps[joint_p] = _on_xla(lambda xla: lambda *a: tuple(x for pair in jax.jvp(xla, a[:5], a[5:]) for x in pair))
+ad.primitive_jvps[joint_p] = _on_xla(lambda xla: lambda *a: _joint_xla(xla, a))
 ad.primitive_jvps[adjoint_p] = _on_xla(lambda xla: lambda *a: _adjoint_xla(xla, a))
 ad.primitive_transposes[tangent_p] = _tangent_transpose
 
