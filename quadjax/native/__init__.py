@@ -752,7 +752,9 @@ def _pushed_batch(m, args, dims, **params):
     multi-tangent kernel (one primal per group and vehicle). A rest of fewer than TANGENTS - 1
     tangents runs in the one-tangent kernel, each with its primal; a rest of TANGENTS - 1 is padded
     with a zero tangent (four tangents' step, params fixed: 13 202 instructions, against 3 × 4 817 for
-    three one-tangent steps; benchmarks/README.md, 2026-12-05)."""
+    three one-tangent steps; benchmarks/README.md, 2026-12-05). A grouped joint_p is bound from a
+    batching rule, so it reaches no partial evaluator (those see joint_p as rollout_p's JVP binds it,
+    one tangent); its own derivatives are its JVP rule's, on XLA (:func:`_joint_xla`)."""
     k = TANGENTS
     tangents = [jnp.broadcast_to(x[None], (m,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
                 for x, d in zip(args[5:], dims[5:])]
@@ -762,12 +764,9 @@ def _pushed_batch(m, args, dims, **params):
     if pad:
         tangents = [jnp.concatenate([t, jnp.zeros((pad,) + t.shape[1:], t.dtype)]) for t in tangents]
     primals = [x[None] for x in args[:5]]
-    # with the parameters fixed the kernels read no parameters' tangent: pack none
-    unread = jnp.zeros((1,) * (args[0].ndim + 1), args[0].dtype) if params["params_fixed"] else None
     calls = []
     if groups:
-        packed = [unread if unread is not None and i == 0 else _packed(t[:groups * k], k) for i, t in enumerate(tangents)]
-        final, saved, *d = joint_p.bind(*primals, *packed, **params, pushed=k)
+        final, saved, *d = joint_p.bind(*primals, *[_packed(t[:groups * k], k) for t in tangents], **params, pushed=k)
         calls.append((final, saved, *[_unpacked(x, k) for x in d]))
     if groups * k < m:
         calls.append(joint_p.bind(*primals, *[t[groups * k:m] for t in tangents], **params))
@@ -816,9 +815,7 @@ def _joint_partial_eval(trace, *tracers, **params):
     the primal from rollout_p, now, and the tangent from tangent_p, staged: linear, its transpose the
     adjoint kernel. Otherwise as any primitive."""
     primals = [t.pval.get_known() for t in tracers[:5]]
-    # (a joint_p pushing several tangents comes only from a vmap over tangents, whose binding goes
-    # below any linearisation: it is differentiated by its JVP rule, never split here)
-    if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]) or params.get("pushed", 1) > 1:
+    if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]):
         return trace.default_process_primitive(joint_p, tracers, params)
     return [*rollout_p.bind(*primals, **_forward(params)), *trace.default_process_primitive(tangent_p, tracers, params)]
 
@@ -831,7 +828,7 @@ def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
     needed = [v for v, inst in zip(eqn.invars, instantiated) if isinstance(v, jax.extend.core.Var) and not inst]
     if not any(unknowns):
         return eqn, None, [False] * 4, [False] * 4, []
-    if any(unknowns[:5]) or eqn.params.get("pushed", 1) > 1:
+    if any(unknowns[:5]):
         return None, eqn, [True] * 4, [True] * 4, needed
     known = eqn.replace(primitive=rollout_p, invars=eqn.invars[:5], outvars=eqn.outvars[:2], params=_forward(eqn.params))
     staged = eqn.replace(primitive=tangent_p, outvars=eqn.outvars[2:])
@@ -879,17 +876,12 @@ def _joint_xla(xla, a) -> tuple:
     # primals and tangents broadcast to one batch: the primitive takes either with 1s in its batch
     pushed, batch = xla.keywords.get("pushed", 1), _batch(a, _CORE * 2)
     primals = tuple(jnp.broadcast_to(x, batch + x.shape[x.ndim - c:]) for x, c in zip(a[:5], _CORE))
-    if xla.keywords.get("params_fixed"):  # its parameters' tangent is zero (and may be a placeholder)
-        a = (*a[:5], jnp.zeros(primals[0].shape[:-1] + (pushed * primals[0].shape[-1],), primals[0].dtype), *a[6:])
+    tangents = [jnp.broadcast_to(t, batch + t.shape[t.ndim - c:]) for t, c in zip(a[5:], _CORE)]
     if pushed == 1:
-        tangents = tuple(jnp.broadcast_to(t, x.shape) for t, x in zip(a[5:], primals))
-        return tuple(x for pair in jax.jvp(xla, primals, tangents) for x in pair)
-
-    def split(t, c):  # (pushed, batch..., core): one tangent per row
-        t = jnp.broadcast_to(t, batch + t.shape[t.ndim - c:])
-        return jnp.moveaxis(jnp.reshape(t, t.shape[:-1] + (pushed, t.shape[-1] // pushed)), -2, 0)
-
-    out, d = jax.vmap(lambda *t: jax.jvp(xla, primals, t), out_axes=(None, 0))(*map(split, a[5:], _CORE))
+        return tuple(x for pair in jax.jvp(xla, primals, tuple(tangents)) for x in pair)
+    # one tangent per row of a vmap: (pushed, batch..., core)
+    out, d = jax.vmap(lambda *t: jax.jvp(xla, primals, t), out_axes=(None, 0))(
+        *[_unpacked(t[None], pushed) for t in tangents])
     return (*out, *[_packed(x, pushed)[0] for x in d])
 
 
