@@ -8,6 +8,7 @@ wind and wrench series and dt; substeps, saved states, the recomputed segments o
 sweep, vmap, second derivatives (XLA's, through the same primitives), and both dtypes.
 """
 
+import functools
 import re
 
 import jax
@@ -58,16 +59,34 @@ def _targets(fn, *args) -> str:
     return jax.jit(fn).lower(*args).as_text()
 
 
+def _inputs(dtype, shared):
+    """The fleet's inputs to :func:`_loss`: one parameter set for all when ``shared``."""
+    ps, ss, u, wind, wrench, dts = _fleet(dtype)
+    return (jax.tree_util.tree_map(lambda x: x[0], ps) if shared else ps), ss, u, wind, wrench, dts
+
+
+@functools.cache
+def _xla_gradient(dtype, shared):
+    """XLA's gradient of :func:`_loss` in all six inputs: the reference both first-order tests hold
+    the kernels to. Its program is the largest this file compiles (~25 s here); computed once per
+    worker (and, being the same program, loaded from the run's compilation cache by the other)."""
+    return jax.jit(jax.grad(_loss("xla", shared), argnums=tuple(range(6))))(*_inputs(dtype, shared))
+
+
+# the tests that hold the kernels to _xla_gradient run in one pytest-xdist worker (--dist loadgroup in
+# pyproject.toml), so that it is compiled once: run side by side, each worker compiled it for itself
+XLA_GRADIENT = pytest.mark.xdist_group("xla_gradient")
+
+
+@XLA_GRADIENT
 @pytest.mark.parametrize("dtype, shared", [("float64", False), ("float32", True)],
                          ids=["float64, per-vehicle params", "float32, shared params"])
 def test_grad_and_jvp_run_in_the_native_kernels_and_equal_xla(dtype, shared):
-    ps, ss, u, wind, wrench, dts = _fleet(dtype)
-    p = jax.tree_util.tree_map(lambda x: x[0], ps) if shared else ps
-    args = (p, ss, u, wind, wrench, dts)
-    grad = {b: jax.grad(_loss(b, shared), argnums=tuple(range(6))) for b in ("native", "xla")}
-    hlo = _targets(grad["native"], *args)
+    args = _inputs(dtype, shared)
+    grad = jax.grad(_loss("native", shared), argnums=tuple(range(6)))
+    hlo = _targets(grad, *args)
     assert "quadjax_adjoint_" in hlo and "quadjax_tangent_" not in hlo  # reverse mode: one sweep, no tangents
-    g_native, g_xla = jax.jit(grad["native"])(*args), jax.jit(grad["xla"])(*args)
+    g_native, g_xla = jax.jit(grad)(*args), _xla_gradient(dtype, shared)
     rtol = 1e-10 if dtype == "float64" else 2e-3
     for a, b in zip(jax.tree_util.tree_leaves(g_native), jax.tree_util.tree_leaves(g_xla)):
         assert a.shape == b.shape and a.dtype == b.dtype
@@ -78,39 +97,43 @@ def test_grad_and_jvp_run_in_the_native_kernels_and_equal_xla(dtype, shared):
     rng = np.random.default_rng(1)
     direction = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype) * 1e-3 * (
         jnp.abs(x) + 1e-3), args)
-    jvp = {b: (lambda *a, b=b: jax.jvp(_loss(b, shared), a, direction)) for b in ("native", "xla")}
-    hlo = _targets(jvp["native"], *args)
+    jvp = lambda *a: jax.jvp(_loss("native", shared), a, direction)  # noqa: E731
+    hlo = _targets(jvp, *args)
     # forward mode: one tangent-kernel call gives the primal as well, no forward kernel beside it
     assert "quadjax_tangent_" in hlo and "quadjax_rollout_" not in hlo and "quadjax_leaves_" not in hlo
-    (v_n, t_n), (v_x, t_x) = jax.jit(jvp["native"])(*args), jax.jit(jvp["xla"])(*args)
+    v_n, t_n = jax.jit(jvp)(*args)
     # the forward kernel's value to rounding (not its bits: the tangent step's primal products also
     # feed its tangent, so fewer of them are fused, and it multiplies by reciprocals)
     np.testing.assert_allclose(v_n, jax.jit(_loss("native", shared))(*args), rtol=rtol / 100)
-    np.testing.assert_allclose(v_n, v_x, rtol=rtol)
-    np.testing.assert_allclose(t_n, t_x, rtol=rtol)
-    # and grad · direction is the same directional derivative
-    dot = sum(jnp.sum(g * d) for g, d in zip(jax.tree_util.tree_leaves(g_native), jax.tree_util.tree_leaves(direction)))
-    np.testing.assert_allclose(dot, t_n, rtol=10 * rtol)
+    # the directional derivative as XLA's gradient and the kernel's reverse sweep give it (grad · direction):
+    # the same number to rounding (XLA's own jvp program would be a second large compile)
+    dot = {k: sum(jnp.sum(g * d) for g, d in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(direction)))
+           for k, grads in (("xla", g_xla), ("native", g_native))}
+    np.testing.assert_allclose(t_n, dot["xla"], rtol=rtol)
+    np.testing.assert_allclose(t_n, dot["native"], rtol=10 * rtol)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_with_the_parameters_fixed_the_kernels_without_their_terms_run_and_agree(dtype):
+@XLA_GRADIENT
+@pytest.mark.parametrize("dtype, shared", [("float64", False), ("float32", True)],
+                         ids=["float64, per-vehicle params", "float32, shared params"])
+def test_with_the_parameters_fixed_the_kernels_without_their_terms_run_and_agree(dtype, shared):
     """Differentiated in the state, commands, wind and wrench only (MPC, iLQR, sensitivities), the
     parameters' tangent is a symbolic zero: the tangent and adjoint kernels generated without the
     parameters' terms run, not the full ones. Their derivatives are XLA's, and the full kernels'
-    (run by a tangent of explicit zeros for the parameters); second order (a Hessian in the initial
-    velocity, through the fixed adjoint's JVP) is XLA's too."""
-    ps, ss, u, wind, wrench, dts = _fleet(dtype, seed=7)
-    args = (ss, u, wind, wrench)
-    losses = {b: (lambda *a, full=_loss(b, False): full(ps, *a, dts)) for b in ("native", "xla")}
-    full_native = _loss("native", False)
+    (run with the parameters differentiated too, or by a tangent of explicit zeros for them); second
+    order (a Hessian in the initial velocity, through the fixed adjoint's JVP) equals central
+    differences of the native gradient."""
+    p, *args, dts = _inputs(dtype, shared)
+    args = tuple(args)
+    full_native = _loss("native", shared)
+    native_loss = lambda *a: full_native(p, *a, dts)  # noqa: E731
     rtol = 1e-10 if dtype == "float64" else 2e-3
-    grad = jax.grad(losses["native"], argnums=(0, 1, 2, 3))
+    grad = jax.grad(native_loss, argnums=(0, 1, 2, 3))
     hlo = _targets(grad, *args)
     assert "quadjax_adjoint_fixed_" in hlo and not re.search(r"quadjax_adjoint_f(32|64)_", hlo)
     g_fixed = jax.jit(grad)(*args)
-    g_xla = jax.jit(jax.grad(losses["xla"], argnums=(0, 1, 2, 3)))(*args)
-    g_full = jax.jit(jax.grad(full_native, argnums=(1, 2, 3, 4)))(ps, *args, dts)  # the params differentiated too
+    g_xla = _xla_gradient(dtype, shared)[1:5]
+    g_full = jax.jit(jax.grad(full_native, argnums=(1, 2, 3, 4)))(p, *args, dts)  # the params differentiated too
     for a, b, c in zip(*(jax.tree_util.tree_leaves(g) for g in (g_fixed, g_xla, g_full))):
         scale = float(np.max(np.abs(b)))
         np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale)
@@ -119,25 +142,32 @@ def test_with_the_parameters_fixed_the_kernels_without_their_terms_run_and_agree
     rng = np.random.default_rng(2)
     direction = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 1e-3 * (np.abs(x) + 1e-3), x.dtype),
                                        args)
-    jvp = lambda *a: jax.jvp(losses["native"], a, direction)  # noqa: E731
+    jvp = lambda *a: jax.jvp(native_loss, a, direction)  # noqa: E731
     hlo = _targets(jvp, *args)
     assert "quadjax_tangent_fixed_" in hlo and not re.search(r"quadjax_tangent_f(32|64)_", hlo)
-    (v_fixed, t_fixed), (_, t_xla) = jax.jit(jvp)(*args), jax.jit(lambda *a: jax.jvp(losses["xla"], a, direction))(*args)
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, (ps, dts))
-    full = lambda p, *a: full_native(p, *a[:-1], a[-1])  # noqa: E731
-    t_full = jax.jit(lambda *a: jax.jvp(full, (ps, *a, dts), (zeros[0], *direction, zeros[1]))[1])(*args)
-    assert re.search(r"quadjax_tangent_f(32|64)_", _targets(lambda *a: jax.jvp(full, (ps, *a, dts), (
-        zeros[0], *direction, zeros[1])), *args))
+    v_fixed, t_fixed = jax.jit(jvp)(*args)
+    # XLA's directional derivative through its reverse mode: its gradient dotted with the direction
+    t_xla = sum(jnp.sum(g * d) for g, d in zip(jax.tree_util.tree_leaves(g_xla), jax.tree_util.tree_leaves(direction)))
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, (p, dts))
+    full = lambda q, *a: full_native(q, *a[:-1], a[-1])  # noqa: E731
+    full_jvp = lambda *a: jax.jvp(full, (p, *a, dts), (zeros[0], *direction, zeros[1]))  # noqa: E731
+    assert re.search(r"quadjax_tangent_f(32|64)_", _targets(full_jvp, *args))
+    t_full = jax.jit(lambda *a: full_jvp(*a)[1])(*args)
     np.testing.assert_allclose(t_fixed, t_xla, rtol=rtol)
     np.testing.assert_allclose(t_fixed, t_full, rtol=rtol / 100)
-    np.testing.assert_allclose(v_fixed, jax.jit(losses["native"])(*args), rtol=rtol / 100)
+    np.testing.assert_allclose(v_fixed, jax.jit(native_loss)(*args), rtol=rtol / 100)
 
     if dtype == "float64":
-        p, s0, u1 = (jax.tree_util.tree_map(lambda x: x[0], t) for t in (ps, ss, u))
-        hessians = [jax.jit(jax.hessian(lambda v, b=b: jnp.sum(qj.simulate(
-            p, s0.replace(velocity=v), 0.01, commands=u1, config=qj.SimConfig(backend=b)).final.position ** 2)))(
-            s0.velocity) for b in ("native", "xla")]
-        np.testing.assert_allclose(*hessians, rtol=1e-9, atol=1e-12 * float(np.max(np.abs(hessians[1]))))
+        q, s0, u1 = (jax.tree_util.tree_map(lambda x: x[0], t) for t in (p, args[0], args[1]))
+
+        def final_position(v):
+            return jnp.sum(qj.simulate(q, s0.replace(velocity=v), 0.01, commands=u1,
+                                       config=qj.SimConfig(backend="native")).final.position ** 2)
+
+        hessian = jax.jit(jax.hessian(final_position))(s0.velocity)
+        g, h = jax.jit(jax.grad(final_position)), 1e-5
+        central = jnp.stack([(g(s0.velocity.at[k].add(h)) - g(s0.velocity.at[k].add(-h))) / (2 * h) for k in range(3)])
+        np.testing.assert_allclose(hessian, central.T, rtol=1e-6, atol=1e-9 * float(np.max(np.abs(central))))
 
 
 def test_gradient_equals_central_finite_differences():
