@@ -1,7 +1,7 @@
 """Results on disk, written atomically: a reader sees the old file or the whole new one.
 
 One statement of the write used by the sweep store, fit files, repro files and the native
-kernel cache. The data goes to a unique temporary beside the target (``os.replace`` cannot
+kernel cache; and of the wait for a build another process is doing (:func:`exclusive_lock`). The data goes to a unique temporary beside the target (``os.replace`` cannot
 cross file systems; a unique name means concurrent writers never share one), is fsync-ed,
 renamed onto the target, and the rename is made durable by fsync-ing the folder. On any
 failure, an interrupt too, the temporary is removed.
@@ -10,8 +10,10 @@ failure, an interrupt too, the temporary is removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
+import time
 from pathlib import Path
 
 #: temporaries are ``.<target name>.<random>`` + this suffix: nothing else in a folder matches it
@@ -72,3 +74,27 @@ def write_atomic(path, write, *, mode: int | None = None) -> Path:
         raise
     fsync_folder(path.parent)
     return path
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, timeout: float, poll: float = 0.1):
+    """Hold an exclusive advisory lock (``flock``) on the file ``path`` (created 0600, with its
+    folder, if absent) for the ``with`` block, waiting up to ``timeout`` s for another process to
+    release it; past that, ``TimeoutError``. The kernel closes the descriptor, and so drops the lock,
+    when the holder dies: a killed builder never leaves the others waiting."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path}: still held by another process after {timeout:g} s") from None
+                time.sleep(poll)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -186,6 +186,58 @@ def test_unusable_cache_folder_is_never_used(tmp_path):
     assert not folder.exists()  # removed when the process ended
 
 
+@needs_compiler
+def test_processes_that_need_one_library_at_once_compile_it_once(tmp_path):
+    """Three processes build the same library at the same moment (pytest -n, a sweep's processes on
+    one host): the compiler runs once, the others wait on its lock and load what it wrote, and every
+    process calls into the library. A compiler that sleeps 2 s makes them overlap."""
+    log = tmp_path / "compiles"
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    slow = tmp_path / "slow-c++"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then exec {cxx} --version; fi\n'
+                    f'echo $$ >> {log}\nsleep 2\nexec {cxx} "$@"\n')
+    slow.chmod(0o755)
+    cache = _private_dir(tmp_path / "cache")
+    code = textwrap.dedent("""
+        import ctypes, quadjax.native as n
+        text = 'extern "C" int quadjax_lock_probe() { return 42; }'
+        notes = []
+        n.build_library(text, [], notes)
+        lib = n.cache_dir() / n.library_filename(text)
+        print("probe", ctypes.CDLL(str(lib)).quadjax_lock_probe(), notes)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CXX": str(slow), "QUADJAX_CACHE_DIR": str(cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:  # stopped by their own handles if the wait failed
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert "probe 42 []" in out, out
+    assert len(log.read_text().split()) == 1  # one compile for the three
+    assert len([f for f in cache.iterdir() if f.suffix == ".so"]) == 1
+
+
+@needs_compiler
+def test_a_builder_that_holds_the_lock_too_long_is_built_around(tmp_path, monkeypatch):
+    """A process stuck while holding a library's build lock delays the others by at most
+    BUILD_WAIT_S: then they build it themselves and say why (never a hang)."""
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(_private_dir(tmp_path / "cache")))
+    monkeypatch.setattr(native, "BUILD_WAIT_S", 0.5)
+    text = 'extern "C" int quadjax_lock_probe() { return 7; }'
+    lib = native.cache_dir() / native.library_filename(text)
+    notes = []
+    with qj.files.exclusive_lock(lib.with_name(lib.name + ".lock"), 1.0):  # the stuck builder
+        native.build_library(text, [], notes)
+    assert len(notes) == 1 and "still held by another process after 0.5 s" in notes[0], notes
+    assert native.trust_problem(lib) is None
+
+
 # --------------------------------------------------------------------------- the engine boundary
 
 

@@ -52,6 +52,7 @@ private temporary folder instead, with a warning. Without a compiler, or with
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -77,7 +78,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from quadjax._components import join_state, split, split_params, split_state
-from quadjax.files import write_atomic
+from quadjax.files import exclusive_lock, write_atomic
 from quadjax.integrators import rk4_step_c
 from quadjax.native.generate import VECTOR_PRELUDE, Layout, generate_kernel
 from quadjax.params import QuadParams
@@ -373,15 +374,32 @@ def _register(lib: Path, targets) -> None:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
 
 
+#: how long a process waits for another that is building the same library before building it too [s]
+BUILD_WAIT_S = 600.0
+
+
 def build_library(text: str, targets, notes: list) -> None:
     """Compile the C++ ``text`` (or load it from the cache if it is trusted, else rebuild it) and
     register its FFI ``targets`` on the CPU. What the user should hear about the cache (not used,
-    not trusted, rebuilt) goes into ``notes``; a failure raises."""
+    not trusted, rebuilt, waited for too long) goes into ``notes``; a failure raises.
+
+    Processes that need the same library at once (pytest -n, a sweep's or a cluster job's processes
+    on one host) take turns on ``<library>.lock`` beside it: one compiles, the others wait and load
+    what it wrote, instead of each compiling the same 5-20 s of g++ on the same cores."""
     cxx = compiler()
     name = library_filename(text, cxx)
     folder, note = _usable_cache()
     notes += [note] if note else []
     lib = folder / name
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive_lock(lib.with_name(lib.name + ".lock"), BUILD_WAIT_S))
+        except TimeoutError as err:  # a stuck builder elsewhere: build here too (the writes are atomic)
+            notes.append(f"{err}; building the kernel in this process as well")
+        _load_or_build(cxx, lib, text, targets, notes)
+
+
+def _load_or_build(cxx: str, lib: Path, text: str, targets, notes: list) -> None:
     if os.path.lexists(lib):
         why = trust_problem(lib)
         if why is None:

