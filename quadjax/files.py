@@ -1,10 +1,13 @@
 """Results on disk, written atomically: a reader sees the old file or the whole new one.
 
 One statement of the write used by the sweep store, fit files, repro files and the native
-kernel cache; and of the wait for a build another process is doing (:func:`exclusive_lock`). The data goes to a unique temporary beside the target (``os.replace`` cannot
+kernel cache. The data goes to a unique temporary beside the target (``os.replace`` cannot
 cross file systems; a unique name means concurrent writers never share one), is fsync-ed,
 renamed onto the target, and the rename is made durable by fsync-ing the folder. On any
 failure, an interrupt too, the temporary is removed.
+
+Also one statement of the wait for another process's work on a shared file
+(:func:`exclusive_lock`: the native kernel cache's and the SITL's builds).
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ def _inputs(dtype, shared):
 @functools.cache
 def _xla_gradient(dtype, shared):
     """XLA's gradient of :func:`_loss` in all six inputs: the reference both first-order tests hold
-    the kernels to. Its program is the largest this file compiles (~25 s here); computed once per
-    worker (and, being the same program, loaded from the run's compilation cache by the other)."""
+    the kernels to. Its program is the largest this file compiles (20-25 s here): computed once, in
+    the one worker that runs the tests marked XLA_GRADIENT."""
     return jax.jit(jax.grad(_loss("xla", shared), argnums=tuple(range(6))))(*_inputs(dtype, shared))
 
 
