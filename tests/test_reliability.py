@@ -45,11 +45,16 @@ def _planted_library(folder: Path) -> Path:
     return lib
 
 
-def _python(code: str, env: dict, timeout=240) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (the kernel loads once per process)."""
+def _child_env(env: dict) -> dict:
+    """A child interpreter's environment: this one's, the repo importable, the kernel not disabled, ``env``."""
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
     full.pop("QUADJAX_NATIVE", None)
-    return subprocess.run([sys.executable, "-W", "always", "-c", textwrap.dedent(code)], env=full,
+    return full
+
+
+def _python(code: str, env: dict, timeout=240) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (the kernel loads once per process)."""
+    return subprocess.run([sys.executable, "-W", "always", "-c", textwrap.dedent(code)], env=_child_env(env),
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
@@ -206,7 +211,7 @@ def test_processes_that_need_one_library_at_once_compile_it_once(tmp_path):
         lib = n.cache_dir() / n.library_filename(text)
         print("probe", ctypes.CDLL(str(lib)).quadjax_lock_probe(), notes)
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CXX": str(slow), "QUADJAX_CACHE_DIR": str(cache)}
+    env = _child_env({"CXX": str(slow), "QUADJAX_CACHE_DIR": str(cache)})
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     try:
