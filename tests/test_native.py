@@ -10,6 +10,7 @@ tests/test_native_derivatives.py; here, that they agree with XLA's where the eng
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -118,36 +119,74 @@ from tests.helpers import busy_params, busy_state
 builds = []  # the C++ builds of this process (a kernel loaded from a cache records none)
 jax.monitoring.register_event_duration_secs_listener(
     lambda event, seconds, **_: builds.append(seconds) if event == quadjax.native.BUILD_EVENT else None)
+generated, keys = [], []  # the kernel sources this process generated (one kept in the cache is read); their keys
+generate, kept = quadjax.native.generate_source, quadjax.native.cached_source
+quadjax.native.generate_source = lambda *a: generated.append(a) or generate(*a)
+quadjax.native.cached_source = lambda key, make: keys.append(key) or kept(key, make)
 p = busy_params(jnp.float64)
 s = busy_state(p, jnp.float64)
 u = jnp.tile(qj.hover_rotor_speed(p), (200, 1))
 out = [qj.simulate(p, s, 1e-3, commands=u, config=qj.SimConfig(backend=b, save_every=0)) for b in ("native", "xla")]
 assert [t.backend for t in out] == ["native", "xla"]
-assert sys.argv[1] != "variant" or (builds and min(builds) > 0), builds  # built from the variant, in its cache
 np.save(sys.argv[2], np.stack([np.asarray(quadjax.native.pack_state(t.final)) for t in out]))
+print("generated", len(generated), "built", len(builds), "keys", *keys)
 """
 
 
 def test_a_one_line_physics_change_moves_the_kernel_exactly_as_it_moves_xla(tmp_path):
     """The proof that there is one source: plant a variant of one effect in the JAX model
-    (nothing else touched), in a fresh process with its own kernel cache. The kernel is
-    generated from the variant and built there (the process records its build), and its result
-    moves from the base exactly as XLA's does."""
-    results = {}
+    (nothing else touched), in a fresh process. Its kernel cache holds the C++ generated for the
+    base model (kept under the base's trace); the variant's kernel is generated from its own
+    trace and built there (the process records both), and its result moves from the base exactly
+    as XLA's does."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    results, runs = {}, {}
     for which in ("base", "variant"):
         env = dict(os.environ, PYTHONPATH=REPO)
-        if which == "variant":  # its own cache: the variant's kernel is built from the variant's trace
-            (tmp_path / "cache").mkdir(mode=0o700)
-            env["QUADJAX_CACHE_DIR"] = str(tmp_path / "cache")
+        if which == "variant":  # a cache holding only the base's kept sources
+            env["QUADJAX_CACHE_DIR"] = str(cache)
+            for key in runs["base"]["keys"]:
+                for suffix in (".cc", ".cc.sha256"):
+                    shutil.copy2(quadjax.native.cache_dir() / f"quadjax_source_{key}{suffix}", cache)
         out = subprocess.run([sys.executable, "-c", PLANT, which, str(tmp_path / which)], env=env,
                              capture_output=True, text=True, timeout=300, cwd=REPO)
         assert out.returncode == 0, out.stderr[-3000:]
         results[which] = np.load(tmp_path / f"{which}.npy")
+        words = out.stdout.split()
+        runs[which] = {"generated": int(words[1]), "built": int(words[3]), "keys": words[5:]}
+    variant = runs["variant"]
+    assert runs["base"]["keys"] and not set(variant["keys"]) & set(runs["base"]["keys"]), runs
+    assert variant["generated"] >= 1 and variant["built"] >= 1, runs  # from the variant's trace, built there
     (native_base, xla_base), (native_variant, xla_variant) = results["base"], results["variant"]
     change = xla_variant - xla_base
     assert np.abs(change).max() > 1e-3  # the planted change matters
     np.testing.assert_allclose(native_variant - native_base, change, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(native_variant, xla_variant, rtol=1e-12, atol=1e-12)
+
+
+def test_a_kept_generated_source_is_read_and_a_damaged_one_is_generated_again(tmp_path, monkeypatch):
+    """A fresh process reads a library's generated C++ from the kernel cache instead of tracing and
+    generating it again (3-4 s per derivative library; its key is the step's trace, which
+    test_a_one_line_physics_change... plants a variant into): read bit for bit, private (0600); a
+    damaged kept source is generated again and rewritten; each dtype has its own."""
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(tmp_path / "cache"))
+    generated = []
+    real = quadjax.native.generate_source
+    monkeypatch.setattr(quadjax.native, "generate_source", lambda *a: generated.append(a) or real(*a))
+    source = quadjax.native.source.__wrapped__  # without the process's own memo
+
+    def kept():
+        return sorted((tmp_path / "cache").glob("quadjax_source_*.cc"))
+
+    base = source("float64", 4, "forward")
+    assert len(generated) == 1 and len(kept()) == 1 and base == kept()[0].read_text()
+    assert oct(kept()[0].stat().st_mode & 0o777) == "0o600"
+    assert source("float64", 4, "forward") == base and len(generated) == 1  # read, not generated
+    kept()[0].write_text(base.replace("sqrt", "cbrt", 1))  # damaged: its recorded digest no longer matches
+    assert source("float64", 4, "forward") == base and len(generated) == 2
+    assert kept()[0].read_text() == base
+    assert source("float32", 4, "forward") != base and len(generated) == 3 and len(kept()) == 2
 
 
 def test_kernel_matches_xla_without_motor_lag_on_the_ground_and_with_six_and_eight_rotors():

@@ -66,6 +66,27 @@ def test_the_engine_closed_loop_runs_native_and_equals_xla(name, dtype):
         assert np.all(np.asarray(cs.tick) == a["num_ticks"])  # the int counter, carried exactly
 
 
+def test_a_fresh_process_reads_the_ticks_kept_source_instead_of_generating_it(monkeypatch):
+    """The tick's C++ is kept in the kernel cache under its key (the tick's jaxpr, constants and
+    avals: quadjax.native.source_key): flown again with no memo in the process (as a fresh process
+    would), nothing is generated and the flight is the same, bit for bit."""
+    from quadjax.native import loop
+
+    made = []
+    real = loop.generate_kernel
+    monkeypatch.setattr(loop, "generate_kernel", lambda *a, **k: made.append(k["namespace"]) or real(*a, **k))
+    monkeypatch.setattr(loop, "_kernel", loop._kernel.__wrapped__)  # no memo: every trace looks for its kernel
+    a = closed_loop_case("pid", jnp.float32)["args"]
+    first = _fleet(a, "native")(a["params"], a["state0"], a["ctrl_state"])
+    made.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # not fallen back to XLA
+        again = _fleet(a, "native")(a["params"], a["state0"], a["ctrl_state"])
+    assert made == []
+    for x, y in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again)):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_shared_params_and_a_partial_block():
     """Params shared by all N = 11 vehicles (not a multiple of the 4 float64 lanes), states
     scattered: each vehicle equals its XLA flight."""

@@ -71,6 +71,7 @@ import math
 
 import jax
 import jax.extend.core
+import jaxlib
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
@@ -199,8 +200,92 @@ def _struct(dtype, rotors: int) -> str:
     return f"qj_{'f32' if np.dtype(dtype) == np.float32 else 'f64'}_r{rotors}"
 
 
+def _traced_dtype(dtype) -> np.dtype:
+    """``dtype`` as numpy's: a float64 kernel is generated from a float64 trace, which needs x64."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
+    return dtype
+
+
 @functools.lru_cache(maxsize=None)
 def source(dtype: str, rotors: int, kind: str = "forward") -> str:
+    """The C++ source of the ``kind`` library for ``dtype`` and ``rotors`` (:func:`generate_source`),
+    read from the kernel cache when it holds the source generated from the same trace.
+
+    Generating the derivative libraries takes 3-4 s per dtype (tracing ``jax.jvp`` and ``jax.vjp``
+    of the step, then writing their C++), which every fresh process paid before it could even look
+    for the library it had built before. The cached source's key (:func:`source_key`) is what the
+    source is a function of: the step's jaxpr as traced now (so a model changed in a file or patched
+    in the process is a new key), quadjax's own code (the generator, the derivative rules), jax and
+    jaxlib, and the options."""
+    dtype = _traced_dtype(dtype)
+    ex = step_example(rotors, dtype)
+    traced = jax.make_jaxpr(kernel_step)(ex["P"], ex["S"], ex["U"], ex["Wd"], ex["E"])
+    # the derivative kernels are jax.jvp and jax.vjp of this step, and the model's one custom rule
+    # (_components._gate) is the JVP of its branch, which the jaxpr holds: the step's jaxpr is the key
+    key = source_key(traced, dtype.name, rotors, kind, VECTOR_BYTES, TANGENTS)
+    return cached_source(key, lambda: generate_source(dtype, rotors, kind))
+
+
+def source_key(jaxpr, *options) -> str:
+    """A key of generated C++: sha256 of the ClosedJaxpr ``jaxpr`` it is generated from (its text
+    and its constants' bytes), quadjax's own code (:func:`_code_fingerprint`: the generator, the
+    harnesses, any derivative rule), jax, jaxlib and the generator's ``options``."""
+    h = hashlib.sha256(_code_fingerprint().encode())
+    for part in (str(jaxpr), jax.__version__, jaxlib.__version__, *map(str, options)):
+        h.update(part.encode() + b"\0")
+    for c in jaxpr.consts:
+        c = np.asarray(c)
+        h.update(f"{c.dtype}{c.shape}".encode() + c.tobytes())
+    return h.hexdigest()[:24]
+
+
+def cached_source(key: str, generate) -> str:
+    """The C++ text that ``generate()`` returns for ``key`` (:func:`source_key`), kept in the kernel
+    cache: a fresh process reads it instead of tracing and generating it again."""
+    path = _usable_cache()[0] / f"quadjax_source_{key}.cc"
+    text = _read_trusted(path)
+    if text is None:
+        text = generate()
+        try:
+            _write_with_digest(path, text.encode(), mode=0o600)
+        except OSError:  # a cache that cannot keep it (full, read-only) costs the next process time, not this one
+            pass
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _code_fingerprint() -> str:
+    """sha256 of quadjax's own source files (.py, .cc): any edit to the package is a new key."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".cc") and path.is_file():
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _read_trusted(path: Path) -> str | None:
+    """The text of the cached ``path`` when it may be used (:func:`trust_problem`), else None
+    (absent, damaged or not ours: generated again and rewritten)."""
+    if not os.path.lexists(path) or trust_problem(path) is not None:
+        return None
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_with_digest(path: Path, data: bytes, mode: int) -> Path:
+    """``data`` to ``path`` and its sha256 beside it, each atomically; the digest first, so a file
+    without its own digest is never trusted."""
+    digest = hashlib.sha256(data).hexdigest()
+    write_atomic(_digest_path(path), lambda f: f.write((digest + "\n").encode()), mode=0o600)
+    return write_atomic(path, lambda f: f.write(data), mode=mode)
+
+
+def generate_source(dtype: str, rotors: int, kind: str = "forward") -> str:
     """The C++ source of one kernel library for ``dtype`` and ``rotors``: the generated step(s),
     then the harness, then the FFI targets. ``kind`` "forward": the rollout and the step entry
     points; "derivatives": the tangent rollout (:func:`tangent_step` in the rollout harness, every
@@ -208,9 +293,7 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     parameters fixed (:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`); "tangents": the
     tangent rollout pushing :data:`TANGENTS` tangents at once (rows primal then each tangent), with
     and without the parameters' terms (what ``jax.jacfwd`` and a ``vmap`` over tangents run)."""
-    dtype = np.dtype(dtype)
-    if dtype == np.float64 and not jax.config.jax_enable_x64:
-        raise RuntimeError("the float64 kernel is generated from a float64 trace: enable jax_enable_x64")
+    dtype = _traced_dtype(dtype)
     name, lanes, ex = _struct(dtype, rotors), VECTOR_BYTES // dtype.itemsize, step_example(rotors, dtype)
     step = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=name, lanes=lanes)
     if kind == "forward":
@@ -358,9 +441,7 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
         data = out.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    write_atomic(_digest_path(lib), lambda f: f.write((digest + "\n").encode()), mode=0o600)
-    return write_atomic(lib, lambda f: f.write(data), mode=0o700)
+    return _write_with_digest(lib, data, mode=0o700)
 
 
 _TARGETS = {"forward": ("rollout", "leaves", "step"),

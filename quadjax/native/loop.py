@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from quadjax.native.generate import VECTOR_PRELUDE, UnsupportedPrimitive, generate_kernel
+from quadjax.native.generate import VECTOR_PRELUDE, Layout, UnsupportedPrimitive, generate_kernel
 
 _NAMESPACE = "qj_loop"
 
@@ -111,21 +111,26 @@ def _kernel(jaxpr, const_avals: tuple, carry_avals: tuple, x_avals: tuple, dtype
 
     args = {"P": floats(const_avals, True), "X": floats(carry_avals), "k": jax.ShapeDtypeStruct((), dtype),
             "U": floats(x_avals, True)}
-    try:
-        ks = generate_kernel(step, args, carry="X", invariant=("P",), namespace=_NAMESPACE, emit="Y",
-                             lanes=native.VECTOR_BYTES // np.dtype(dtype).itemsize)
+    lanes = native.VECTOR_BYTES // np.dtype(dtype).itemsize
+
+    def generate() -> str:
+        ks = generate_kernel(step, args, carry="X", invariant=("P",), namespace=_NAMESPACE, emit="Y", lanes=lanes)
+        # the struct in an anonymous namespace: every tick's library names it qj_loop, and C++17 makes
+        # its static constexpr arrays (L_U, L_Y) process-wide unique symbols otherwise, so that a second
+        # library loaded into the process would read the first one's sizes
+        return "\n".join([VECTOR_PRELUDE, "namespace {", ks.source, "}  // namespace", native.HARNESS.read_text(),
+                          native.LOOP_HARNESS.read_text()])
+
+    try:  # the tick's C++ is a function of its jaxpr and avals (a fresh process reads it from the cache)
+        text = native.cached_source(native.source_key(jaxpr, const_avals, carry_avals, x_avals, dtype, lanes),
+                                    generate)
     except UnsupportedPrimitive as err:
         warnings.warn(f"quadjax: this closed loop runs on XLA, not in the native kernel: {err}", RuntimeWarning,
                       stacklevel=2)
         return str(err), None, 0
-    # the struct in an anonymous namespace: every tick's library names it qj_loop, and C++17 makes its
-    # static constexpr arrays (L_U, L_Y) process-wide unique symbols otherwise, so that a second
-    # library loaded into the process would read the first one's sizes
-    text = "\n".join([VECTOR_PRELUDE, "namespace {", ks.source, "}  // namespace", native.HARNESS.read_text(),
-                      native.LOOP_HARNESS.read_text()])
     target = f"quadjax_loop_{hashlib.sha256(text.encode()).hexdigest()[:16]}"  # one target per tick
     text += f"\nQUADJAX_LOOP({target}, {_NAMESPACE});\n"
-    return native.load_library(text, (target,), "native closed-loop kernel"), target, ks.layouts["X"].size
+    return native.load_library(text, (target,), "native closed-loop kernel"), target, Layout.of(args["X"]).size
 
 
 def _compiled(jaxpr, avals: list, n_consts: int, n_carry: int) -> tuple:
