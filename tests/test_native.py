@@ -13,6 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -187,6 +189,18 @@ def test_a_kept_generated_source_is_read_and_a_damaged_one_is_generated_again(tm
     assert source("float64", 4, "forward") == base and len(generated) == 2
     assert kept()[0].read_text() == base
     assert source("float32", 4, "forward") != base and len(generated) == 3 and len(kept()) == 2
+    # another process generating it holds its turn: this one waits, then reads what that one wrote
+    path = next(p for p in kept() if p.read_text() == base)
+    path.unlink()
+    got = []
+    with qj.files.exclusive_lock(path.with_name(path.name + ".lock"), 1.0):
+        waiting = threading.Thread(target=lambda: got.append(source("float64", 4, "forward")))
+        waiting.start()
+        time.sleep(0.5)
+        assert waiting.is_alive() and not got
+        path.write_text(base)  # as the other process writes it (its digest is still beside it)
+    waiting.join(60)
+    assert got == [base] and len(generated) == 3
 
 
 def test_kernel_matches_xla_without_motor_lag_on_the_ground_and_with_six_and_eight_rotors():

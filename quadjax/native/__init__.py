@@ -247,11 +247,14 @@ def cached_source(key: str, generate) -> str:
     path = _usable_cache()[0] / f"quadjax_source_{key}.cc"
     text = _read_trusted(path)
     if text is None:
-        text = generate()
-        try:
-            _write_with_digest(path, text.encode(), mode=0o600)
-        except OSError:  # a cache that cannot keep it (full, read-only) costs the next process time, not this one
-            pass
+        with _turn(path, []):  # processes starting together (pytest -n) generate it once
+            text = _read_trusted(path)
+            if text is None:
+                text = generate()
+                try:
+                    _write_with_digest(path, text.encode(), mode=0o600)
+                except OSError:  # a cache that cannot keep it (full, read-only) costs the next process time
+                    pass
     return text
 
 
@@ -472,12 +475,21 @@ def build_library(text: str, targets, notes: list) -> None:
     folder, note = _usable_cache()
     notes += [note] if note else []
     lib = folder / name
+    with _turn(lib, notes):
+        _load_or_build(cxx, lib, text, targets, notes)
+
+
+@contextlib.contextmanager
+def _turn(path: Path, notes: list):
+    """This process's turn at making ``path``: an exclusive lock on ``<path>.lock`` for the block,
+    so that processes needing it at once make it once (the others then find it made). A holder
+    stuck past :data:`BUILD_WAIT_S` is worked around, with a note: the writes are atomic."""
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(exclusive_lock(lib.with_name(lib.name + ".lock"), BUILD_WAIT_S))
-        except TimeoutError as err:  # a stuck builder elsewhere: build here too (the writes are atomic)
-            notes.append(f"{err}; building the kernel in this process as well")
-        _load_or_build(cxx, lib, text, targets, notes)
+            held.enter_context(exclusive_lock(path.with_name(path.name + ".lock"), BUILD_WAIT_S))
+        except TimeoutError as err:
+            notes.append(f"{err}; making it in this process as well")
+        yield
 
 
 def _load_or_build(cxx: str, lib: Path, text: str, targets, notes: list) -> None:
