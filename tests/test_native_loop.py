@@ -17,6 +17,7 @@ runs in one call.
 """
 
 import dataclasses
+import functools
 import warnings
 
 import jax
@@ -284,28 +285,35 @@ def test_a_select_of_more_than_two_cases_compiles():
     assert worst_relative(got, ref) <= 1e-12
 
 
-def _property_fleet(name, dtype, backend, ctrl):
-    """jit(vmap(simulate)) closed over the controller (as a user flies one: its layout known, the
-    mixer's closed form): per-vehicle params. Each draw of gains retraces; the kernel is reused
-    (floats are the kernel's inputs, not its code)."""
-    import functools
+@functools.cache
+def _property_reference(name, dtype):
+    """XLA's fleet with the controller an argument: one program for every preset and draw of gains
+    (a program per draw was 3-4 s of XLA's compile each)."""
+    return _property_fleet(name, dtype, "xla")
 
+
+def _property_fleet(name, dtype, backend, ctrl=None):
+    """jit(vmap(simulate)) closed over the controller ``ctrl`` (as a user flies one: its layout
+    known, the mixer's closed form): per-vehicle params. Each draw of gains retraces; the kernel is
+    reused (floats are the kernel's inputs, not its code). ``ctrl`` None: the controller is the
+    fleet's fourth argument, shared by the vehicles."""
     from quadjax.control import CascadeRates, geometric_control, pid_control
     from quadjax.engine import Reduce
 
     law = functools.partial(pid_control, rates=CascadeRates(dt=0.002)) if name == "pid" else geometric_control
-    target = ctrl.reference.position
 
-    def worst(acc, state):
-        return jnp.maximum(acc, jnp.linalg.norm(state.position - target))
+    def one(p1, s, cs, c):
+        def worst(acc, state):
+            return jnp.maximum(acc, jnp.linalg.norm(state.position - c.reference.position))
 
-    def one(p1, s, cs):
-        tr = qj.simulate(p1, s, 0.002, controller=law, ctrl_params=ctrl, ctrl_state=cs, num_ticks=30,
+        tr = qj.simulate(p1, s, 0.002, controller=law, ctrl_params=c, ctrl_state=cs, num_ticks=30,
                          hooks=(Reduce(worst, jnp.zeros((), dtype)),),
                          config=qj.SimConfig(backend=backend, substeps=2, save_every=0))
         return tr.final, tr.ctrl_state, tr.hooks[0], tr.status
 
-    return jax.jit(jax.vmap(one))
+    if ctrl is None:
+        return jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None)))
+    return jax.jit(jax.vmap(lambda p1, s, cs: one(p1, s, cs, ctrl)))
 
 
 @pytest.mark.parametrize("name,dtype", [("pid", jnp.float64), ("geometric", jnp.float64), ("pid", jnp.float32)])
@@ -349,7 +357,7 @@ def test_property_random_vehicles_gains_and_presets(name, dtype):
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # compiled, not fallen back
             got = _property_fleet(name, dtype, "native", ctrl)(ps, s0, cs0)
-        ref = _property_fleet(name, dtype, "xla", ctrl)(ps, s0, cs0)
+        ref = _property_reference(name, dtype)(ps, s0, cs0, ctrl)
         assert float(jnp.std(got[0].position[:, 2])) > 0  # the vehicles differ
         np.testing.assert_array_equal(got[3], ref[3])
         assert worst_relative((got[0], got[2]), (ref[0], ref[2])) <= tol, preset
