@@ -395,7 +395,8 @@ def _private(path: Path, kind: str) -> str | None:
 
 
 def trust_problem(lib: Path) -> str | None:
-    """Why the cached library ``lib`` must not be loaded (None when it may be).
+    """Why the cached library ``lib`` must not be loaded (None when it may be); the same rule for a
+    kept source (:func:`cached_source`), whose code is compiled into a library.
 
     Loading runs the library's code, so it must be ours: its folder and it are private
     (:func:`_private`), and its sha256 equals the digest recorded beside it when it was built
