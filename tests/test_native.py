@@ -201,6 +201,14 @@ def test_a_kept_generated_source_is_read_and_a_damaged_one_is_generated_again(tm
         path.write_text(base)  # as the other process writes it (its digest is still beside it)
     waiting.join(60)
     assert got == [base] and len(generated) == 3
+    # no lock file can be made (a full disk): generated all the same, not a fall-back to XLA
+    path.unlink()
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(quadjax.native, "exclusive_lock", no_space)
+    assert source("float64", 4, "forward") == base and len(generated) == 4
 
 
 def test_kernel_matches_xla_without_motor_lag_on_the_ground_and_with_six_and_eight_rotors():

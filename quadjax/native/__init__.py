@@ -484,11 +484,12 @@ def build_library(text: str, targets, notes: list) -> None:
 def _turn(path: Path, notes: list):
     """This process's turn at making ``path``: an exclusive lock on ``<path>.lock`` for the block,
     so that processes needing it at once make it once (the others then find it made). A holder
-    stuck past :data:`BUILD_WAIT_S` is worked around, with a note: the writes are atomic."""
+    stuck past :data:`BUILD_WAIT_S`, or a lock file that cannot be made (a full disk), is worked
+    around, with a note: the writes are atomic."""
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(exclusive_lock(path.with_name(path.name + ".lock"), BUILD_WAIT_S))
-        except TimeoutError as err:
+        except OSError as err:  # TimeoutError is one
             notes.append(f"{err}; making it in this process as well")
         yield
 
