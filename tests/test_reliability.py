@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -181,12 +182,15 @@ def test_unusable_cache_folder_is_never_used(tmp_path):
                     'while [ "$1" != "-o" ]; do shift; done; echo x > "$2"\n')
     fake.chmod(0o755)
     private_tmp = _private_dir(tmp_path / "tmp")
-    run = _python("import quadjax.native as n; n.available()",
+    run = _python("import os, quadjax.native as n; n.available(); "
+                  "print('folders', [f for f in os.listdir(os.environ['TMPDIR']) if f.startswith('quadjax-native-')])",
                   {"CXX": str(fake), "QUADJAX_CACHE_DIR": str(cache), "TMPDIR": str(private_tmp)})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "writable by group or others" in run.stderr and "QUADJAX_CACHE_DIR" in run.stderr
     folder = Path(re.search(r"private folder (\S+) for", run.stderr).group(1))
     assert folder.parent == private_tmp and folder.name.startswith("quadjax-native-")
+    # one stand-in per process: the kept source and the library both went to it
+    assert f"folders ['{folder.name}']" in run.stdout, run.stdout
     assert list(cache.iterdir()) == []
     assert not folder.exists()  # removed when the process ended
 
@@ -241,6 +245,126 @@ def test_a_builder_that_holds_the_lock_too_long_is_built_around(tmp_path, monkey
         native.build_library(text, [], notes)
     assert len(notes) == 1 and "still held by another process after 0.5 s" in notes[0], notes
     assert native.trust_problem(lib) is None
+
+
+# --------------------------------------------------------------------------- the cache's upkeep
+
+DAY = 86400.0
+
+
+def _age(path: Path, days: float) -> None:
+    t = time.time() - days * DAY
+    os.utime(path, (t, t))
+
+
+@needs_compiler
+def test_prune_removes_what_was_not_used_for_a_while_and_a_use_keeps_an_entry(tmp_path, monkeypatch):
+    """Every entry 40 days old; then library A is loaded and source k1 read, as a process uses them.
+    ``prune_cache(unused_days=30)`` removes library B and source k2 with their digests and locks, a
+    digest and a lock whose entry is gone, and a writer's temporary killed two hours ago; it keeps
+    A and k1 (trusted still), a temporary being written now, the digest of a library being built
+    (its lock held), another tool's file and the SITL's folder. A dry run says the same and touches nothing."""
+    cache = _private_dir(tmp_path / "cache")
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(cache))
+    texts = {k: f'extern "C" int quadjax_prune_{k}() {{ return 1; }}' for k in "AB"}
+    libs = {k: cache / native.library_filename(t) for k, t in texts.items()}
+    for t in texts.values():
+        native.build_library(t, [], [])
+    srcs = {k: cache / f"{native.SOURCE_PREFIX}{k}.cc" for k in ("k1", "k2")}
+    for k in srcs:
+        assert native.cached_source(k, lambda k=k: f"// {k}\n") == f"// {k}\n"
+    (cache / "sitl").mkdir()
+    foreign = [cache / "other-tool.bin", cache / "sitl" / "betaflight"]
+    leftovers = [cache / f"{native.LIBRARY_PREFIX}0123456789abcdef.so.sha256",
+                 cache / f"{native.SOURCE_PREFIX}gone.cc.lock",
+                 cache / f".{native.LIBRARY_PREFIX}0123456789abcdef.so.0a1b2c3d.quadjax-tmp"]
+    writing = cache / f".{native.SOURCE_PREFIX}k3.cc.4d5e6f70.quadjax-tmp"
+    building = cache / f"{native.LIBRARY_PREFIX}fedcba9876543210.so.sha256"  # its library comes next
+    for path in foreign + leftovers + [writing, building]:
+        path.write_text("x")
+    for path in [*cache.iterdir(), *foreign]:
+        _age(path, 40)
+    _age(leftovers[-1], 2 / 24)
+    _age(writing, 10 / DAY)
+
+    notes = []
+    native.build_library(texts["A"], [], notes)  # a process loads A ...
+    assert notes == []
+    assert native.cached_source("k1", lambda: pytest.fail("k1 is kept: read, not generated")) == "// k1\n"  # ... and reads k1
+
+    before = sorted(cache.iterdir())
+    would = native.prune_cache(unused_days=30, dry_run=True)
+    assert sorted(cache.iterdir()) == before
+    with qj.files.exclusive_lock(building.with_suffix(".lock"), 1.0):  # the builder's turn
+        gone = native.prune_cache(unused_days=30)
+    assert [e.path for e in would] == [e.path for e in gone]
+    assert {e.path for e in gone} == {libs["B"], srcs["k2"]}
+    assert {e.kind for e in gone} == {"library", "source"}
+    assert {e.path for e in native.cache_entries()} == {libs["A"], srcs["k1"]}
+    for path in (libs["B"], srcs["k2"]):
+        assert not any(cache.glob(path.name + "*")), sorted(cache.iterdir())
+    assert not any(path.exists() for path in leftovers)
+    assert writing.exists() and building.exists() and all(path.exists() for path in foreign)
+    assert native.trust_problem(libs["A"]) is None and native.trust_problem(srcs["k1"]) is None
+
+
+def test_prune_passes_over_an_entry_in_use_and_fits_the_cache_to_a_size(tmp_path, monkeypatch):
+    """Sources of 1, 2, 3 and 4 kB used in that order, the oldest's lock held (a process loading or
+    building it). Pruning to 5.5 kB passes over the held one and removes the next least recently used
+    (2 kB, then 3 kB) until the rest fit; nothing is old enough for ``unused_days`` alone."""
+    cache = _private_dir(tmp_path / "cache")
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(cache))
+    paths = []
+    for k in range(1, 5):
+        native.cached_source(f"s{k}", lambda k=k: "x" * (1000 * k))
+        paths.append(cache / f"{native.SOURCE_PREFIX}s{k}.cc")
+        _age(paths[-1], 5 - k)
+    assert native.prune_cache(unused_days=30) == []
+    with qj.files.exclusive_lock(paths[0].with_name(paths[0].name + ".lock"), 1.0):
+        gone = native.prune_cache(max_bytes=5500)
+    assert [e.path for e in gone] == paths[1:3]
+    kept = native.cache_entries()
+    assert [e.path for e in kept] == [paths[0], paths[3]]
+    assert sum(e.bytes for e in kept) == 5000 + 2 * 65 <= 5500  # the sources and their digests
+    assert native.prune_cache(max_bytes=0) and native.cache_entries() == []
+
+
+def test_prune_refuses_a_folder_that_is_not_the_users_own(tmp_path, monkeypatch):
+    """A cache folder writable by others is not ours to clean (as it is not ours to load from):
+    ValueError, and nothing in it is removed."""
+    cache = _private_dir(tmp_path / "cache")
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(cache))
+    native.cached_source("s", lambda: "x")
+    cache.chmod(0o777)
+    with pytest.raises(ValueError, match="writable by group or others"):
+        native.prune_cache(unused_days=0)
+    assert len(native.cache_entries()) == 1
+
+
+def test_the_cache_command_shows_and_prunes(tmp_path, monkeypatch, capsys):
+    """``quadjax cache`` lists the entries and their size; ``--prune --dry-run`` says what would go
+    and removes nothing; ``--prune`` removes it; a pruning option without ``--prune`` is an error."""
+    from quadjax.cli import main
+
+    cache = _private_dir(tmp_path / "cache")
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(cache))
+    for k, days in (("old", 45), ("new", 1)):
+        native.cached_source(k, lambda: "x" * 250_000)
+        _age(cache / f"{native.SOURCE_PREFIX}{k}.cc", days)
+    assert main(["cache", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert str(cache) in out and "0 libraries (0.0 MB), 2 generated sources (0.5 MB): 0.5 MB" in out
+    assert out.index(f"{native.SOURCE_PREFIX}old.cc") < out.index(f"{native.SOURCE_PREFIX}new.cc")
+    assert main(["cache", "--prune", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would remove source" in out and "would keep 0 libraries (0.0 MB), 1 generated source" in out
+    assert len(native.cache_entries()) == 2
+    assert main(["cache", "--prune", "--unused-days", "30"]) == 0
+    assert "removed 0 libraries (0.0 MB), 1 generated source (0.3 MB)" in capsys.readouterr().out
+    assert [e.path.name for e in native.cache_entries()] == [f"{native.SOURCE_PREFIX}new.cc"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "--max-mb", "1"])
+    assert exit_.value.code == 2 and "go with --prune" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the engine boundary

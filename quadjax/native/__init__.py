@@ -43,7 +43,9 @@ compiler (``$CXX``, else ``c++``; ``-O3 -march=native``) against jaxlib's FFI he
 per user in :func:`cache_dir` (``$QUADJAX_CACHE_DIR``, default ``~/.cache/quadjax``) under a hash
 of the generated source, the compiler, the flags and the jaxlib version, with its sha256 beside
 it. Loading a library runs its code, so a cached one is loaded only if :func:`trust_problem`
-finds nothing wrong (private folder and file, digest equal); otherwise it is rebuilt once. A
+finds nothing wrong (private folder and file, digest equal); otherwise it is rebuilt once. Each
+use marks a cached library or source used, and :func:`prune_cache` (``quadjax cache --prune``)
+removes those unused for a while (an upgrade or an edit leaves the old ones behind). A
 cache folder that is not private or not writable is not used: the kernel is built in a fresh
 private temporary folder instead, with a warning. Without a compiler, or with
 ``QUADJAX_NATIVE=0``, :func:`available` is False and everything runs on XLA (a warning, once).
@@ -79,7 +81,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from quadjax._components import join_state, split, split_params, split_state
-from quadjax.files import exclusive_lock, write_atomic
+from quadjax.files import exclusive_lock, is_temporary, write_atomic
 from quadjax.integrators import rk4_step_c
 from quadjax.native.generate import VECTOR_PRELUDE, Layout, generate_kernel
 from quadjax.params import QuadParams
@@ -220,12 +222,18 @@ def source(dtype: str, rotors: int, kind: str = "forward") -> str:
     in the process is a new key), quadjax's own code (the generator, the derivative rules), jax and
     jaxlib, and the options."""
     dtype = _traced_dtype(dtype)
-    ex = step_example(rotors, dtype)
-    traced = jax.make_jaxpr(kernel_step)(ex["P"], ex["S"], ex["U"], ex["Wd"], ex["E"])
+    traced = _step_jaxpr(dtype, rotors)
     # the derivative kernels are jax.jvp and jax.vjp of this step, and the model's one custom rule
     # (_components._gate) is the JVP of its branch, which the jaxpr holds: the step's jaxpr is the key
     key = source_key(traced, dtype.name, rotors, kind, VECTOR_BYTES, TANGENTS)
     return cached_source(key, lambda: generate_source(dtype, rotors, kind))
+
+
+@functools.lru_cache(maxsize=None)
+def _step_jaxpr(dtype: np.dtype, rotors: int):
+    """:func:`kernel_step` traced for ``dtype`` and ``rotors``: once per process, not once per kind."""
+    ex = step_example(rotors, dtype)
+    return jax.make_jaxpr(kernel_step)(ex["P"], ex["S"], ex["U"], ex["Wd"], ex["E"])
 
 
 def source_key(jaxpr, *options) -> str:
@@ -244,9 +252,11 @@ def source_key(jaxpr, *options) -> str:
 def cached_source(key: str, generate) -> str:
     """The C++ text that ``generate()`` returns for ``key`` (:func:`source_key`), kept in the kernel
     cache: a fresh process reads it instead of tracing and generating it again."""
-    path = _usable_cache()[0] / f"quadjax_source_{key}.cc"
+    path = _usable_cache()[0] / f"{SOURCE_PREFIX}{key}.cc"
     text = _read_trusted(path)
-    if text is None:
+    if text is not None:
+        _mark_used(path)
+    else:
         with _turn(path, []):  # processes starting together (pytest -n) generate it once
             text = _read_trusted(path)
             if text is None:
@@ -358,7 +368,12 @@ def library_filename(text: str, cxx: str | None = None) -> str:
         text.encode() + done.stdout.encode() + " ".join(FLAGS).encode()
         + jax.__version__.encode() + platform.machine().encode() + platform.node().encode()
     ).hexdigest()[:16]
-    return f"quadjax_native_{key}.so"
+    return f"{LIBRARY_PREFIX}{key}.so"
+
+
+#: the names of the cache's entries: compiled libraries and kept generated sources, each with its
+#: ``.sha256`` and ``.lock`` beside it (:func:`cache_entries`)
+LIBRARY_PREFIX, SOURCE_PREFIX = "quadjax_native_", "quadjax_source_"
 
 
 def cache_dir() -> Path:
@@ -422,11 +437,19 @@ def _usable_cache() -> tuple[Path, str | None]:
         why = f"{folder}: {err.strerror or err}"
     if why is None:
         return folder, None
+    private = _fallback_folder(str(folder))
+    return private, (f"cache folder not used ({why}); built in the private folder {private} for this "
+                     f"process only; set QUADJAX_CACHE_DIR to a folder of your own to keep the kernel")
+
+
+@functools.lru_cache(maxsize=None)
+def _fallback_folder(cache: str) -> Path:
+    """This process's stand-in for the unusable cache folder ``cache``: one per process and folder
+    (a new one per call left a folder per library and kept source), removed when the process ends."""
     # mkdtemp: a new folder with mode 0700 and an unpredictable name, used by this process only
     private = tempfile.mkdtemp(prefix="quadjax-native-")
     atexit.register(shutil.rmtree, private, ignore_errors=True)
-    return Path(private), (f"cache folder not used ({why}); built in the private folder {private} for this "
-                           f"process only; set QUADJAX_CACHE_DIR to a folder of your own to keep the kernel")
+    return Path(private)
 
 
 def _compile(cxx: str, lib: Path, text: str) -> Path:
@@ -499,11 +522,128 @@ def _load_or_build(cxx: str, lib: Path, text: str, targets, notes: list) -> None
         why = trust_problem(lib)
         if why is None:
             try:
-                return _register(lib, targets)
+                _register(lib, targets)
+                return _mark_used(lib)
             except (OSError, AttributeError) as err:  # ours but unloadable (e.g. another libc)
                 why = f"{lib} did not load ({err})"
         notes.append(f"not loading the cached kernel: {why}; rebuilding it")
     _register(_compile(cxx, lib, text), targets)
+
+
+# --------------------------------------------------------------------------- the cache's upkeep
+#
+# Every library and kept source is keyed by what it is made from, so an upgrade of quadjax, jax or
+# the compiler, or any edit of quadjax's code, leaves the old ones behind: nothing ever reads them
+# again, and a developer's cache gathered hundreds. Each use refreshes an entry's modification time
+# (:func:`_mark_used`), so the entries not used for a while are the ones to remove (:func:`prune_cache`,
+# ``quadjax cache --prune``).
+
+
+def _mark_used(path: Path) -> None:
+    """Record a use of the cache entry ``path`` (its modification time, which :func:`prune_cache`
+    reads as its last use; the digest is of its bytes, so this changes no trust). A cache that
+    cannot record it (read-only) only loses that entry's place in the order."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheEntry:
+    """A library or kept source in the kernel cache: ``path`` (the ``.so`` or ``.cc``), ``kind``
+    ("library" or "source"), ``bytes`` (with its digest) and ``last_used`` (seconds since the epoch)."""
+    path: Path
+    kind: str
+    bytes: int
+    last_used: float
+
+
+def cache_entries(folder: Path | None = None) -> list[CacheEntry]:
+    """The kernel cache's entries in ``folder`` (default :func:`cache_dir`), least recently used
+    first. Only quadjax's own names count: another tool's files, and the SITL's ``sitl/``, are not
+    entries."""
+    folder = cache_dir() if folder is None else Path(folder)
+    entries = []
+    for prefix, suffix, kind in ((LIBRARY_PREFIX, ".so", "library"), (SOURCE_PREFIX, ".cc", "source")):
+        for path in folder.glob(f"{prefix}*{suffix}"):
+            with contextlib.suppress(OSError):  # removed meanwhile by another process
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode):
+                    digest = _digest_path(path)
+                    size = st.st_size + (digest.stat().st_size if digest.exists() else 0)
+                    entries.append(CacheEntry(path, kind, size, st.st_mtime))
+    return sorted(entries, key=lambda e: (e.last_used, e.path.name))
+
+
+#: a temporary of :func:`quadjax.files.write_atomic` this old is a killed writer's, not a live one's [s]
+STALE_TEMPORARY_S = 3600.0
+
+
+def prune_cache(*, unused_days: float | None = None, max_bytes: int | None = None, folder: Path | None = None,
+                dry_run: bool = False, now: float | None = None) -> list[CacheEntry]:
+    """Remove the kernel cache's entries not used for ``unused_days``, then the least recently used
+    until the rest hold at most ``max_bytes``; also what is left of interrupted work (a digest or a
+    lock without its entry, a killed writer's temporary). Returns the entries removed (with
+    ``dry_run``, those it would remove, touching nothing).
+
+    Safe beside running processes: an entry is removed only under its build lock (the one a process
+    holds while it loads or builds the library, :func:`build_library`), and an entry whose lock is
+    held, or that was used after the listing, is kept. A kept source is read without the lock; a
+    reader that loses it to a removal generates it again. The folder must be the user's own
+    (:func:`cache_dir`'s rule): in any other, nothing is removed and ``ValueError`` says why."""
+    folder = cache_dir() if folder is None else Path(folder)
+    why = _private(folder, "folder")
+    if why:
+        raise ValueError(f"quadjax cache: not pruning {folder}: {why}")
+    now = time.time() if now is None else now
+    entries = cache_entries(folder)
+    cutoff = None if unused_days is None else now - unused_days * 86400.0
+    total, removed = sum(e.bytes for e in entries), []
+    for e in entries:  # least recently used first; one that cannot go now is passed over
+        stale = cutoff is not None and e.last_used < cutoff
+        if (stale or (max_bytes is not None and total > max_bytes)) and (dry_run or _remove_entry(e)):
+            removed.append(e)
+            total -= e.bytes
+    if not dry_run:
+        _remove_leftovers(folder, now)
+    return removed
+
+
+def _remove_entry(entry: CacheEntry) -> bool:
+    """``entry`` and its digest and lock removed under its lock, unless another process holds the
+    lock or has used it since it was listed. The library (or source) goes first: a digest left by
+    an interruption is a leftover, never a trusted file."""
+    lock = entry.path.with_name(entry.path.name + ".lock")
+    try:
+        with exclusive_lock(lock, 0.0):
+            if os.lstat(entry.path).st_mtime > entry.last_used:
+                return False
+            for path in (entry.path, _digest_path(entry.path), lock):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+    except OSError:  # held (TimeoutError), or gone already
+        return False
+    return True
+
+
+def _remove_leftovers(folder: Path, now: float) -> None:
+    """In the cache ``folder``: a digest or lock whose entry is gone, removed under that lock (a
+    builder holds it while it writes the digest and then the library), and a temporary of a writer
+    killed more than :data:`STALE_TEMPORARY_S` ago."""
+    for path in folder.iterdir():
+        name = path.name.lstrip(".")
+        if not name.startswith((LIBRARY_PREFIX, SOURCE_PREFIX)):
+            continue
+        with contextlib.suppress(OSError):  # held (TimeoutError), or removed meanwhile
+            if is_temporary(path):
+                if now - os.lstat(path).st_mtime > STALE_TEMPORARY_S:
+                    os.unlink(path)
+            elif path.suffix in (".sha256", ".lock") and not os.path.lexists(entry := path.with_suffix("")):
+                lock = entry.with_name(entry.name + ".lock")
+                with exclusive_lock(lock, 0.0):
+                    if not os.path.lexists(entry):
+                        for leftover in (_digest_path(entry), lock):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(leftover)
 
 
 @functools.lru_cache(maxsize=None)
