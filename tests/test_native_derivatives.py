@@ -296,6 +296,36 @@ def test_jacfwd_pushes_its_tangents_four_at_a_time_and_equals_xla(dtype):
         np.testing.assert_array_equal(many[0][j], value)
 
 
+def test_commands_and_their_tangents_broadcast_to_the_fleet_each_on_its_own():
+    """The tangent kernels take the commands and their tangents as two inputs, each broadcast to the
+    fleet on its own (they were concatenated into one array per call): per-vehicle commands with a
+    tangent shared by the fleet (an offset ``c`` added to every vehicle's series), and one series
+    for the whole fleet with tangents per group (jax.jacfwd in that series); one tangent and groups of
+    four. Each equals XLA's (float64)."""
+    ps, ss, u, wind, wrench, dts = _fleet("float64", seed=3)
+
+    def finals(backend, per_vehicle):
+        config = qj.SimConfig(backend=backend, substeps=SUBSTEPS)
+
+        def one(p, s, u, wind, wrench, dt):
+            traj = qj.simulate(p, s, dt, commands=u, inputs=qj.Inputs(wind=wind, wrench=wrench), config=config)
+            return native.pack_state(traj.final)
+
+        if per_vehicle:  # U per vehicle, the tangent of c shared
+            return lambda c: jax.vmap(lambda p, s, u, *a: one(p, s, u + c, *a))(ps, ss, u, wind, wrench, dts)
+        return lambda u1: jax.vmap(one, in_axes=(0, 0, None, 0, 0, 0))(ps, ss, u1, wind, wrench, dts)
+
+    c, dc = jnp.zeros_like(u[0]), jnp.asarray(np.random.default_rng(3).normal(size=u[0].shape), jnp.float64)
+    for per_vehicle, x in ((True, c), (False, u[0])):
+        f = {b: finals(b, per_vehicle) for b in ("native", "xla")}
+        hlo = _targets(lambda x: jax.jvp(f["native"], (x,), (dc,)), x) + _targets(jax.jacfwd(f["native"]), x)
+        assert {"tangent_fixed", "tangents_fixed"} <= set(re.findall(r"quadjax_(tangents?_fixed)_f64_", hlo))
+        for mode in (lambda g, x: jax.jvp(g, (x,), (dc,)), lambda g, x: jax.jacfwd(g)(x)):
+            got, want = (jax.jit(lambda x, b=b: mode(f[b], x))(x) for b in f)
+            for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * float(np.max(np.abs(b))))
+
+
 def test_jacfwd_of_jacfwd_through_the_kernels_equals_central_differences():
     """Second order over a first derivative that pushed its tangents in a group (the JVP of the
     multi-tangent primitive, XLA's, on the packed tangents) equals central differences of that first

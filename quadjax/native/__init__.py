@@ -323,7 +323,7 @@ def generate_source(dtype: str, rotors: int, kind: str = "forward") -> str:
             structs.append(generate_kernel(tangent_step if with_params else tangent_step_fixed, tuples, carry="S",
                                            invariant=("P",), namespace=f"{name}_m{suffix}", lanes=lanes,
                                            reciprocals=True).source)
-            targets.append(f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangents' + suffix)}, {name}_m{suffix});")
+            targets.append(f"QUADJAX_ROLLOUT_TANGENT({_target(dtype, rotors, 'tangents' + suffix)}, {name}_m{suffix});")
         parts = [*structs, HARNESS.read_text(), "\n".join(targets) + "\n"]
     else:
         # each derivative twice: with the parameters' derivatives and with the parameters fixed; a
@@ -338,7 +338,7 @@ def generate_source(dtype: str, rotors: int, kind: str = "forward") -> str:
                                         lanes=lanes, reciprocals=True).source,
                         generate_kernel(adjoint, dict(inputs, C=(ex["S"], *held)), carry="C", invariant=("P",),
                                         namespace=f"{name}_a{suffix}", lanes=lanes, reciprocals=True).source]
-            targets += [f"QUADJAX_ROLLOUT({_target(dtype, rotors, 'tangent' + suffix)}, {name}_t{suffix});",
+            targets += [f"QUADJAX_ROLLOUT_TANGENT({_target(dtype, rotors, 'tangent' + suffix)}, {name}_t{suffix});",
                         f"QUADJAX_ADJOINT({_target(dtype, rotors, 'adjoint' + suffix)}, {name}, {name}_a{suffix});"]
         parts = [*structs, HARNESS.read_text(), "\n".join(targets) + "\n"]
     return "\n".join([VECTOR_PRELUDE, *parts])
@@ -864,7 +864,9 @@ def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, r
     (final, saved, dfinal, dsaved), the primal and the tangent of one call. ``params_fixed``: ``dP``
     is zero, and the kernel that leaves it out runs (:func:`tangent_step_fixed`). ``pushed``: the
     number of tangents, 1 or :data:`TANGENTS`; each tangent argument and result holds them side by
-    side on its last axis (:func:`_packed`), and the multi-tangent kernel runs."""
+    side on its last axis (:func:`_packed`), and the multi-tangent kernel runs. The commands and their
+    tangents go in as they are, and the kernel pairs them as it stages them: concatenated here, they
+    were a copy of every command and tangent per call (the largest inputs: (..., T, R) each)."""
     primals, tangents = (P, x0, U, Wd, E), (dP, dx0, dU, dWd, dE)
     batch, (NS, _, slots) = _batch(primals + tangents, _CORE * 2), _sizes(x0, U, save_every)
 
@@ -873,8 +875,7 @@ def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, r
         return jnp.concatenate([jnp.broadcast_to(x, b + x.shape[x.ndim - c:]),
                                 jnp.broadcast_to(dx, b + dx.shape[dx.ndim - c:])], axis=-1)
 
-    rows = [P if params_fixed and k == 0 else pair(x, dx, c)
-            for k, (x, dx, c) in enumerate(zip(primals, tangents, _CORE))]
+    rows = [P if params_fixed else pair(P, dP, 1), pair(x0, dx0, 1), U, dU, pair(Wd, dWd, 2), pair(E, dE, 2)]
     kind = ("tangent" if pushed == 1 else "tangents") + ("_fixed" if params_fixed else "")
     width = (1 + pushed) * NS
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, kind), (jax.ShapeDtypeStruct(batch + (width,), U.dtype),

@@ -8,9 +8,9 @@
 // over GCC vector types (K::V: W lanes, one vehicle each), and pastes it above this file with
 // its QUADJAX_ROLLOUT and QUADJAX_STEP lines below it. This file keeps only what is not physics:
 // batch broadcasting, blocks of W vehicles, command staging, substeps, saving, threads, FFI.
-// The derivative library instantiates the same Rollout with the generated tangent step (every
-// row [primal | tangent], so every width doubles) and Adjoint (below) with the generated
-// transpose of the step.
+// The derivative library instantiates the same rollout with the generated tangent step (every
+// row [primal | tangent], so every width doubles; the commands' tangents an input of their own,
+// RolloutTangent) and Adjoint (below) with the generated transpose of the step.
 //
 // Layouts (row-major; leading "batch" dims broadcast against the outputs' batch dims, each
 // either equal or 1; the last dims are the generated layouts, quadjax.native.generate.Layout):
@@ -118,9 +118,13 @@ struct SavedPart {
 template <typename F>
 struct Job {
   const F *params, *commands, *wind, *wrench;
-  int64_t c_row = 0, c_value = 1;  // tick t's command k of row r at commands[r * c_row + (t * R + k) * c_value]
+  int64_t c_row = 0;  // tick t's command k of row r at commands[r * c_row + t * c_width + k]
+  int c_width = 0;    // commands per tick in `commands`: the step's all, or the primal's (below)
+  // a tangent kernel's commands after the primal's, from an array of their own (nullptr: `commands`
+  // holds whole rows): tick t's k-th at tangents[r * T * (N_U - c_width) + t * (N_U - c_width) + k]
+  const F* tangents = nullptr;
   std::vector<SavedPart<F>> saved;
-  Broadcast bp, bc, bw, br;
+  Broadcast bp, bc, bt, bw, br;
   int64_t T, Tw, Tr, save_every, substeps;
   std::vector<Segment<F>> state;
 };
@@ -347,16 +351,36 @@ inline void SaveSlot(V* stage, F* out, const LaneRows<W>& own, int count, int64_
 // The block's lanes: their own rows (results) and their rows in the commands, wind and wrench.
 template <int W>
 struct Lanes {
-  LaneRows<W> own, c, w, r;
+  LaneRows<W> own, c, t, w, r;
   template <typename F>
-  Lanes(const Job<F>& job, int64_t v0, int count) : own(v0, count), c(job.bc, own), w(job.bw, own), r(job.br, own) {}
+  Lanes(const Job<F>& job, int64_t v0, int count)
+      : own(v0, count), c(job.bc, own), t(job.bt, own), w(job.bw, own), r(job.br, own) {}
 };
 
 // Ticks [t0, t0 + len) of the block's commands into x, lane-major (tick t's command k at
-// x[(t - t0) * R + k]); each lane's rows are read as one sequential stream.
+// x[(t - t0) * N_U + k]); each lane's rows are read as one sequential stream. A tangent kernel's
+// rows [u | du] come from two arrays, each read where XLA holds it and paired here, a few ticks
+// at a time in registers and L1: XLA had concatenated them into one (..., T, N_U) array on every
+// call, a fifth of a one-tangent jvp's time (benchmarks/README.md, 2026-12-06).
 template <class K, int W>
 void StageCommands(typename K::V* x, const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t0, int len) {
-  Gather(x, job.commands + t0 * K::N_U * job.c_value, lanes.c, job.c_row, len * K::N_U, job.c_value);
+  constexpr int NU = K::N_U;
+  if (job.tangents == nullptr) {
+    Gather(x, job.commands + t0 * NU, lanes.c, job.c_row, len * NU);
+    return;
+  }
+  constexpr int kTicks = 16;  // ticks per pass: a W x W tile of 4 commands per tick at least
+  typename K::V part[kTicks * NU];
+  const int r0 = job.c_width, r1 = NU - r0;
+  for (int a = 0; a < len; a += kTicks) {
+    const int n = std::min(kTicks, len - a);
+    Gather(part, job.commands + (t0 + a) * r0, lanes.c, job.c_row, n * r0);
+    for (int tt = 0; tt < n; ++tt)
+      for (int k = 0; k < r0; ++k) x[(a + tt) * NU + k] = part[tt * r0 + k];
+    Gather(part, job.tangents + (t0 + a) * r1, lanes.t, job.T * r1, n * r1);
+    for (int tt = 0; tt < n; ++tt)
+      for (int k = 0; k < r1; ++k) x[(a + tt) * NU + r0 + k] = part[tt * r1 + k];
+  }
 }
 
 // Tick t's wind and wrench into the lanes; a series of length 1 is read only when `first`.
@@ -530,21 +554,34 @@ template <typename F>
 using Out = ffi::ResultBuffer<DataTypeOf<F>::value>;
 
 // The checks shared by both entry points; fills the job's inputs and series lengths.
+// `tangents`: a tangent kernel's commands after the primal's (..., T, N_U - R), `commands` then the
+// primal's (..., T, R); nullptr: `commands` holds the step's whole rows.
 template <class K>
 ffi::Error Prepare(Job<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<typename K::F>& params,
-                   Buf<typename K::F>& commands, Buf<typename K::F>& wind, Buf<typename K::F>& wrench) {
+                   Buf<typename K::F>& commands, Buf<typename K::F>& wind, Buf<typename K::F>& wrench,
+                   Buf<typename K::F>* tangents = nullptr) {
   auto cdims = commands.dimensions(), wdims = wind.dimensions(), rdims = wrench.dimensions();
-  if (cdims.size() < 2 || cdims.back() != K::N_U || wdims.size() < 2 || wdims.back() != K::N_Wd || rdims.size() < 2 ||
-      rdims.back() != K::N_E || params.dimensions().back() != K::N_P)
+  const int64_t width = tangents ? K::N_U - tangents->dimensions().back() : K::N_U;
+  if (cdims.size() < 2 || cdims.back() != width || width <= 0 || wdims.size() < 2 || wdims.back() != K::N_Wd ||
+      rdims.size() < 2 || rdims.back() != K::N_E || params.dimensions().back() != K::N_P)
     return ffi::Error::InvalidArgument("quadjax native: bad params, commands, wind or wrench shape");
   job.T = cdims[cdims.size() - 2];
+  job.c_width = static_cast<int>(width);
+  if (tangents) {
+    auto tdims = tangents->dimensions();
+    if (tdims.size() != cdims.size() || tdims[tdims.size() - 2] != job.T)
+      return ffi::Error::InvalidArgument("quadjax native: command tangents of another horizon or rank");
+    job.tangents = tangents->typed_data();
+    job.bt = Broadcast(batch, tdims, 2);
+    if (!job.bt.ok) return ffi::Error::InvalidArgument("quadjax native: command tangents do not broadcast to the batch");
+  }
   job.Tw = wdims[wdims.size() - 2];
   job.Tr = rdims[rdims.size() - 2];
   if ((job.Tw != 1 && job.Tw != job.T) || (job.Tr != 1 && job.Tr != job.T))
     return ffi::Error::InvalidArgument("quadjax native: a wind or wrench series of neither 1 nor T rows");
   job.params = params.typed_data();
   job.commands = commands.typed_data();
-  job.c_row = job.T * K::N_U;
+  job.c_row = job.T * width;
   job.wind = wind.typed_data();
   job.wrench = wrench.typed_data();
   job.bp = Broadcast(batch, params.dimensions(), 1);
@@ -580,7 +617,7 @@ template <class K>
 ffi::Error RunRollout(ffi::ThreadPool& pool, Job<typename K::F>& job, Buf<typename K::F>& params,
                       Buf<typename K::F>& state, Buf<typename K::F>& commands, Buf<typename K::F>& wind,
                       Buf<typename K::F>& wrench, Out<typename K::F>& final_state, int64_t substeps,
-                      int64_t save_every) {
+                      int64_t save_every, Buf<typename K::F>* tangents = nullptr) {
   using F = typename K::F;
   auto fdims = final_state->dimensions();
   if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
@@ -588,7 +625,7 @@ ffi::Error RunRollout(ffi::ThreadPool& pool, Job<typename K::F>& job, Buf<typena
   ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
   job.state.push_back({state.typed_data(), final_state->typed_data(), K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
                        K::N_S, 1, K::N_S, 1});
-  if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
+  if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench, tangents); e.failure()) return e;
   if (substeps < 1 || save_every < 0 || (save_every > 0 && job.T % save_every != 0))
     return ffi::Error::InvalidArgument("quadjax native: bad substeps or save_every");
   job.substeps = substeps;
@@ -615,6 +652,18 @@ ffi::Error Rollout(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   Job<typename K::F> job{};
   job.saved.push_back({saved->typed_data(), K::N_S, 0, static_cast<int64_t>(saved->element_count())});
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
+}
+
+// The tangent kernels' rollout: as Rollout, with the commands' tangents an input of their own
+// (..., T, N_U - R) beside the primal's (..., T, R) (StageCommands pairs them).
+template <class K>
+ffi::Error RolloutTangent(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
+                          Buf<typename K::F> commands, Buf<typename K::F> tangents, Buf<typename K::F> wind,
+                          Buf<typename K::F> wrench, Out<typename K::F> final_state, Out<typename K::F> saved,
+                          int64_t substeps, int64_t save_every) {
+  Job<typename K::F> job{};
+  job.saved.push_back({saved->typed_data(), K::N_S, 0, static_cast<int64_t>(saved->element_count())});
+  return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every, &tangents);
 }
 
 // Saved as the state's leaves, one result each (..., T / save_every, leaf size; a one-value leaf
@@ -671,7 +720,6 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
   job.c_row = K::N_U;  // row-major (batch..., 1, R): a tick of a time-major series as XLA holds it
-  job.c_value = 1;
   job.substeps = 1;
   job.save_every = 0;
   Run<K>(pool, job, n);
@@ -858,6 +906,15 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   }
 #define QUADJAX_ROLLOUT(NAME, K)                                                                       \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Rollout<K>), QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()))
+#define QUADJAX_ROLLOUT_TANGENT(NAME, K)                                                               \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (RolloutTangent<K>),                                             \
+                                ffi::Ffi::Bind()                                                       \
+                                    .Ctx<ffi::ThreadPool>()                                            \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
+                                    .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                                 \
+                                    .Attr<int64_t>("substeps")                                         \
+                                    .Attr<int64_t>("save_every"))
 #define QUADJAX_ROLLOUT_LEAVES(NAME, K)                                                                \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (RolloutLeaves<K>), QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().RemainingRets()))
 #define QUADJAX_STEP(NAME, K)                                                                          \
