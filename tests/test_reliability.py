@@ -329,6 +329,25 @@ def test_prune_passes_over_an_entry_in_use_and_fits_the_cache_to_a_size(tmp_path
     assert native.prune_cache(max_bytes=0) and native.cache_entries() == []
 
 
+@needs_compiler
+def test_building_a_library_removes_what_went_unused_for_auto_prune_days(tmp_path, monkeypatch):
+    """A new library (what an upgrade or an edit brings) removes the entries unused for
+    AUTO_PRUNE_DAYS and keeps the others; loading one from the cache removes nothing."""
+    cache = _private_dir(tmp_path / "cache")
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(cache))
+    for k, days in (("ancient", native.AUTO_PRUNE_DAYS + 1), ("recent", native.AUTO_PRUNE_DAYS - 1)):
+        native.cached_source(k, lambda: "x")
+        _age(cache / f"{native.SOURCE_PREFIX}{k}.cc", days)
+    text = 'extern "C" int quadjax_auto_prune() { return 1; }'
+    native.build_library(text, [], [])
+    lib = cache / native.library_filename(text)
+    assert {e.path.name for e in native.cache_entries()} == {lib.name, f"{native.SOURCE_PREFIX}recent.cc"}
+    native.cached_source("ancient", lambda: "x")
+    _age(cache / f"{native.SOURCE_PREFIX}ancient.cc", native.AUTO_PRUNE_DAYS + 1)
+    native.build_library(text, [], [])  # from the cache: no build, no pruning
+    assert len(native.cache_entries()) == 3
+
+
 def test_prune_refuses_a_folder_that_is_not_the_users_own(tmp_path, monkeypatch):
     """A cache folder writable by others is not ours to clean (as it is not ours to load from):
     ValueError, and nothing in it is removed."""

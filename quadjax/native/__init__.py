@@ -45,7 +45,8 @@ of the generated source, the compiler, the flags and the jaxlib version, with it
 it. Loading a library runs its code, so a cached one is loaded only if :func:`trust_problem`
 finds nothing wrong (private folder and file, digest equal); otherwise it is rebuilt once. Each
 use marks a cached library or source used, and :func:`prune_cache` (``quadjax cache --prune``)
-removes those unused for a while (an upgrade or an edit leaves the old ones behind). A
+removes those unused for a while (an upgrade or an edit leaves the old ones behind); building a
+new library removes those unused for :data:`AUTO_PRUNE_DAYS`. A
 cache folder that is not private or not writable is not used: the kernel is built in a fresh
 private temporary folder instead, with a warning. Without a compiler, or with
 ``QUADJAX_NATIVE=0``, :func:`available` is False and everything runs on XLA (a warning, once).
@@ -528,6 +529,9 @@ def _load_or_build(cxx: str, lib: Path, text: str, targets, notes: list) -> None
                 why = f"{lib} did not load ({err})"
         notes.append(f"not loading the cached kernel: {why}; rebuilding it")
     _register(_compile(cxx, lib, text), targets)
+    # a new library is what an upgrade or an edit brings: the moment to drop what has long gone unused
+    with contextlib.suppress(OSError, ValueError):
+        prune_cache(unused_days=AUTO_PRUNE_DAYS, folder=lib.parent)
 
 
 # --------------------------------------------------------------------------- the cache's upkeep
@@ -574,6 +578,8 @@ def cache_entries(folder: Path | None = None) -> list[CacheEntry]:
     return sorted(entries, key=lambda e: (e.last_used, e.path.name))
 
 
+#: entries unused this long are removed whenever a library is built anew (:func:`build_library`) [days]
+AUTO_PRUNE_DAYS = 90.0
 #: a temporary of :func:`quadjax.files.write_atomic` this old is a killed writer's, not a live one's [s]
 STALE_TEMPORARY_S = 3600.0
 
