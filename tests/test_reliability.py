@@ -348,6 +348,26 @@ def test_building_a_library_removes_what_went_unused_for_auto_prune_days(tmp_pat
     assert len(native.cache_entries()) == 3
 
 
+def test_a_kept_source_pruned_while_it_is_read_is_generated_again(tmp_path, monkeypatch):
+    """Kept sources are read without their lock, so a prune in another process may remove one between
+    the trust checks and the read: the reader generates it again (it had raised, and the kernel fell
+    back to XLA)."""
+    cache = _private_dir(tmp_path / "cache")
+    monkeypatch.setenv("QUADJAX_CACHE_DIR", str(cache))
+    native.cached_source("raced", lambda: "// first\n")
+    path, read = cache / f"{native.SOURCE_PREFIX}raced.cc", Path.read_bytes
+
+    def pruned_meanwhile(self):
+        if self == path and path.exists():
+            path.unlink()  # what a prune does between the checks and the read
+        return read(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "read_bytes", pruned_meanwhile)
+        assert native.cached_source("raced", lambda: "// again\n") == "// again\n"
+    assert native.cached_source("raced", lambda: pytest.fail("kept again")) == "// again\n"
+
+
 def test_prune_refuses_a_folder_that_is_not_the_users_own(tmp_path, monkeypatch):
     """A cache folder writable by others is not ours to clean (as it is not ours to load from):
     ValueError, and nothing in it is removed."""

@@ -282,11 +282,11 @@ def _code_fingerprint() -> str:
 
 def _read_trusted(path: Path) -> str | None:
     """The text of the cached ``path`` when it may be used (:func:`trust_problem`), else None
-    (absent, damaged or not ours: generated again and rewritten)."""
-    if not os.path.lexists(path) or trust_problem(path) is not None:
-        return None
+    (absent, damaged, not ours, or removed while being read by a prune: generated again and
+    rewritten). Read once: the bytes checked are the bytes returned."""
     try:
-        return path.read_text()
+        data, why = _trusted_bytes(path)
+        return None if why else data.decode()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -389,10 +389,6 @@ def _digest_path(lib: Path) -> Path:
     return lib.with_name(lib.name + ".sha256")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _private(path: Path, kind: str) -> str | None:
     """Why ``path`` is not ours alone (None when it is): it must be a real ``kind`` ("file"
     or "folder", not a link), owned by this user, and not writable by group or others."""
@@ -417,14 +413,20 @@ def trust_problem(lib: Path) -> str | None:
     Loading runs the library's code, so it must be ours: its folder and it are private
     (:func:`_private`), and its sha256 equals the digest recorded beside it when it was built
     (a truncated or overwritten file fails here, before ``dlopen`` could crash on it)."""
+    return _trusted_bytes(lib)[1]
+
+
+def _trusted_bytes(lib: Path) -> tuple[bytes | None, str | None]:
+    """(the bytes of ``lib``, None) when :func:`trust_problem` finds nothing wrong, else (None, why)."""
     for path, kind in ((lib.parent, "folder"), (lib, "file"), (_digest_path(lib), "file")):
         why = _private(path, kind)
         if why:
-            return why
+            return None, why
     recorded = _digest_path(lib).read_text().strip()
-    if _sha256(lib) != recorded:
-        return f"{lib}: sha256 differs from the digest recorded at build time (damaged or replaced)"
-    return None
+    data = lib.read_bytes()
+    if hashlib.sha256(data).hexdigest() != recorded:
+        return None, f"{lib}: sha256 differs from the digest recorded at build time (damaged or replaced)"
+    return data, None
 
 
 def _usable_cache() -> tuple[Path, str | None]:

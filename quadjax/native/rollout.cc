@@ -361,7 +361,8 @@ struct Lanes {
 // x[(t - t0) * N_U + k]); each lane's rows are read as one sequential stream. A tangent kernel's
 // rows [u | du] come from two arrays, each read where XLA holds it and paired here, a few ticks
 // at a time in registers and L1: XLA had concatenated them into one (..., T, N_U) array on every
-// call, a fifth of a one-tangent jvp's time (benchmarks/README.md, 2026-12-06).
+// call, on one thread (N = 4 096, T = 1 000: 131 MB, 37-46 ms of a 146-159 ms jvp; benchmarks/README.md,
+// 2026-12-06).
 template <class K, int W>
 void StageCommands(typename K::V* x, const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t0, int len) {
   constexpr int NU = K::N_U;
