@@ -118,6 +118,40 @@ def test_no_compiler_is_a_clear_error(monkeypatch):
         sitl.build()
 
 
+@pytest.mark.parametrize("failures", ["one", "every attempt"])
+def test_a_sitl_that_fails_to_take_its_configuration_is_replaced_by_a_fresh_one(tmp_path, monkeypatch, failures):
+    """Configuring a new build boots a SITL and sets it up in its CLI; one whose CLI stays silent (once,
+    on a loaded CI host, right after make) is stopped and a fresh one tries again, with a line that
+    says so. After CONFIGURE_ATTEMPTS failures, the last error is raised and nothing is kept."""
+    monkeypatch.setenv("QUADJAX_SITL_CACHE", str(tmp_path / "sitl"))
+    recovers = failures == "one"
+    failures = 1 if recovers else firmware.CONFIGURE_ATTEMPTS
+    monkeypatch.setattr(firmware, "toolchain", lambda: {})
+    monkeypatch.setattr(firmware, "_compile", lambda folder, log: (folder.mkdir(parents=True), (folder / firmware.BINARY).touch()))
+    boots = []
+
+    def configure_once(folder, workdir):  # a SITL booted in workdir: silent `failures` times, then configured
+        boots.append(workdir)
+        assert workdir.is_dir() and len(set(boots)) == len(boots)  # a fresh folder each time
+        if len(boots) <= failures:
+            raise sitl.SitlError(f"the SITL's CLI did not answer in 15 s (boot {len(boots)})")
+        (workdir / "eeprom.bin").write_bytes(b"settings")
+        return workdir / "eeprom.bin"
+
+    monkeypatch.setattr(firmware, "_configure_once", configure_once)
+    lines = []
+    if recovers:
+        folder = sitl.build(log=lines.append)
+        assert (folder / firmware.eeprom_name()).read_bytes() == b"settings"
+        assert len(boots) == failures + 1
+        assert sum("once more with a fresh SITL" in line and "(boot 1)" in line for line in lines) == 1
+    else:
+        with pytest.raises(sitl.SitlError, match=f"boot {failures}"):
+            sitl.build(log=lines.append)
+        assert len(boots) == failures
+        assert not list((tmp_path / "sitl").glob(f"*/{firmware.eeprom_name()}"))
+
+
 def test_the_lockstep_patch_refuses_a_source_it_does_not_know(tmp_path):
     for name in firmware.LOCKSTEP_PATCH:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

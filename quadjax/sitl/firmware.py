@@ -384,13 +384,38 @@ def apply_patch(firmware: Path) -> None:
         path.write_text(text)
 
 
+#: SITLs booted to configure a new build before giving up: the first boot right after ``make`` once
+#: left its CLI silent for 15 s on a loaded CI host, and the next process's boot configured it in 2 s
+CONFIGURE_ATTEMPTS = 2
+
+
 def _configure(folder: Path, log) -> None:
     """Boot the SITL with no configuration, apply :data:`SETTINGS` in its CLI and ``save``
-    (the SITL writes eeprom.bin and exits); keep that eeprom.bin."""
+    (the SITL writes eeprom.bin and exits); keep that eeprom.bin. A SITL that fails at it is
+    stopped and a fresh one tries again, up to :data:`CONFIGURE_ATTEMPTS` in all."""
+    with machine_lock():
+        for attempt in range(1, CONFIGURE_ATTEMPTS + 1):
+            with tempfile.TemporaryDirectory(prefix="quadjax-sitl-config-") as tmp:
+                try:
+                    saved = _configure_once(folder, Path(tmp))
+                except SitlError as err:
+                    if attempt == CONFIGURE_ATTEMPTS:
+                        raise
+                    log(f"quadjax sitl: configuring failed ({err}); once more with a fresh SITL")
+                    continue
+                shutil.copy2(saved, folder / ".eeprom.tmp")
+            os.replace(folder / ".eeprom.tmp", folder / eeprom_name())
+            break
+    log(f"quadjax sitl: configured ({'; '.join(SETTINGS)})")
+
+
+def _configure_once(folder: Path, workdir: Path) -> Path:
+    """One SITL booted in ``workdir`` with no configuration, :data:`SETTINGS` applied and saved:
+    the eeprom.bin it wrote. A failure names the SITL's last output."""
     from quadjax.sitl.bridge import Link
 
-    with tempfile.TemporaryDirectory(prefix="quadjax-sitl-config-") as tmp, machine_lock():
-        with SitlProcess(folder / BINARY, Path(tmp), eeprom=None) as fc, Link() as link:
+    with SitlProcess(folder / BINARY, workdir, eeprom=None) as fc, Link() as link:
+        try:
             link.idle(0.5)  # state packets at real time: the FC's clock runs on them
             with fc.cli(link) as cli:
                 for command in SETTINGS:
@@ -399,12 +424,12 @@ def _configure(folder: Path, log) -> None:
                         raise SitlError(f"the SITL refused {command!r}: {reply.strip()}")
                 cli.send("save")
                 fc.wait_exit(link, 10.0)  # with the CLI's connection open: closing it mid-save stalls the save
-        saved = Path(tmp) / "eeprom.bin"
-        if not saved.is_file():
-            raise SitlError("the SITL saved no eeprom.bin")
-        shutil.copy2(saved, folder / ".eeprom.tmp")
-        os.replace(folder / ".eeprom.tmp", folder / eeprom_name())
-    log(f"quadjax sitl: configured ({'; '.join(SETTINGS)})")
+        except SitlError as err:
+            raise SitlError(f"{err}; the SITL's last output:\n{fc.log_tail()}") from None
+    saved = workdir / "eeprom.bin"
+    if not saved.is_file():
+        raise SitlError("the SITL saved no eeprom.bin")
+    return saved
 
 
 def ports_in_use() -> list[str]:
