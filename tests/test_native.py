@@ -150,7 +150,7 @@ def test_a_one_line_physics_change_moves_the_kernel_exactly_as_it_moves_xla(tmp_
             env["QUADJAX_CACHE_DIR"] = str(cache)
             for key in runs["base"]["keys"]:
                 for suffix in (".cc", ".cc.sha256"):
-                    shutil.copy2(quadjax.native.cache_dir() / f"quadjax_source_{key}{suffix}", cache)
+                    shutil.copy2(quadjax.native.cache_dir() / f"{quadjax.native.SOURCE_PREFIX}{key}{suffix}", cache)
         out = subprocess.run([sys.executable, "-c", PLANT, which, str(tmp_path / which)], env=env,
                              capture_output=True, text=True, timeout=300, cwd=REPO)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -179,7 +179,7 @@ def test_a_kept_generated_source_is_read_and_a_damaged_one_is_generated_again(tm
     source = quadjax.native.source.__wrapped__  # without the process's own memo
 
     def kept():
-        return sorted((tmp_path / "cache").glob("quadjax_source_*.cc"))
+        return sorted((tmp_path / "cache").glob(f"{quadjax.native.SOURCE_PREFIX}*.cc"))
 
     base = source("float64", 4, "forward")
     assert len(generated) == 1 and len(kept()) == 1 and base == kept()[0].read_text()

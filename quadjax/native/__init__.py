@@ -389,6 +389,11 @@ def _digest_path(lib: Path) -> Path:
     return lib.with_name(lib.name + ".sha256")
 
 
+def _lock_path(entry: Path) -> Path:
+    """The build lock of a cache entry (:func:`_turn`), which loading, building and pruning take."""
+    return entry.with_name(entry.name + ".lock")
+
+
 def _private(path: Path, kind: str) -> str | None:
     """Why ``path`` is not ours alone (None when it is): it must be a real ``kind`` ("file"
     or "folder", not a link), owned by this user, and not writable by group or others."""
@@ -514,7 +519,7 @@ def _turn(path: Path, notes: list):
     around, with a note: the writes are atomic."""
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(exclusive_lock(path.with_name(path.name + ".lock"), BUILD_WAIT_S))
+            held.enter_context(exclusive_lock(_lock_path(path), BUILD_WAIT_S))
         except OSError as err:  # TimeoutError is one
             notes.append(f"{err}; making it in this process as well")
         yield
@@ -587,7 +592,7 @@ STALE_TEMPORARY_S = 3600.0
 
 
 def prune_cache(*, unused_days: float | None = None, max_bytes: int | None = None, folder: Path | None = None,
-                dry_run: bool = False, now: float | None = None) -> list[CacheEntry]:
+                dry_run: bool = False) -> list[CacheEntry]:
     """Remove the kernel cache's entries not used for ``unused_days``, then the least recently used
     until the rest hold at most ``max_bytes``; also what is left of interrupted work (a digest or a
     lock without its entry, a killed writer's temporary). Returns the entries removed (with
@@ -602,13 +607,13 @@ def prune_cache(*, unused_days: float | None = None, max_bytes: int | None = Non
     why = _private(folder, "folder")
     if why:
         raise ValueError(f"quadjax cache: not pruning {folder}: {why}")
-    now = time.time() if now is None else now
+    now = time.time()
     entries = cache_entries(folder)
     cutoff = None if unused_days is None else now - unused_days * 86400.0
     total, removed = sum(e.bytes for e in entries), []
     for e in entries:  # least recently used first; one that cannot go now is passed over
-        stale = cutoff is not None and e.last_used < cutoff
-        if (stale or (max_bytes is not None and total > max_bytes)) and (dry_run or _remove_entry(e)):
+        due = (cutoff is not None and e.last_used < cutoff) or (max_bytes is not None and total > max_bytes)
+        if due and (dry_run or _remove_under_lock(e.path, functools.partial(_unused_since_listed, e))):
             removed.append(e)
             total -= e.bytes
     if not dry_run:
@@ -616,16 +621,21 @@ def prune_cache(*, unused_days: float | None = None, max_bytes: int | None = Non
     return removed
 
 
-def _remove_entry(entry: CacheEntry) -> bool:
-    """``entry`` and its digest and lock removed under its lock, unless another process holds the
-    lock or has used it since it was listed. The library (or source) goes first: a digest left by
-    an interruption is a leftover, never a trusted file."""
-    lock = entry.path.with_name(entry.path.name + ".lock")
+def _unused_since_listed(entry: CacheEntry) -> bool:
+    return os.lstat(entry.path).st_mtime <= entry.last_used
+
+
+def _remove_under_lock(entry: Path, doomed) -> bool:
+    """The cache ``entry`` with its digest and lock removed under its lock if ``doomed()`` still holds
+    there; False when another process holds the lock (it is loading or building the entry) or
+    ``doomed()`` no longer holds. The entry goes first: a digest left by an interruption is a
+    leftover, never a trusted file."""
+    lock = _lock_path(entry)
     try:
         with exclusive_lock(lock, 0.0):
-            if os.lstat(entry.path).st_mtime > entry.last_used:
+            if not doomed():
                 return False
-            for path in (entry.path, _digest_path(entry.path), lock):
+            for path in (entry, _digest_path(entry), lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
     except OSError:  # held (TimeoutError), or gone already
@@ -641,17 +651,12 @@ def _remove_leftovers(folder: Path, now: float) -> None:
         name = path.name.lstrip(".")
         if not name.startswith((LIBRARY_PREFIX, SOURCE_PREFIX)):
             continue
-        with contextlib.suppress(OSError):  # held (TimeoutError), or removed meanwhile
+        with contextlib.suppress(OSError):  # removed meanwhile
             if is_temporary(path):
                 if now - os.lstat(path).st_mtime > STALE_TEMPORARY_S:
                     os.unlink(path)
             elif path.suffix in (".sha256", ".lock") and not os.path.lexists(entry := path.with_suffix("")):
-                lock = entry.with_name(entry.name + ".lock")
-                with exclusive_lock(lock, 0.0):
-                    if not os.path.lexists(entry):
-                        for leftover in (_digest_path(entry), lock):
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(leftover)
+                _remove_under_lock(entry, lambda entry=entry: not os.path.lexists(entry))
 
 
 @functools.lru_cache(maxsize=None)

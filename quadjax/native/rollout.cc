@@ -118,8 +118,8 @@ struct SavedPart {
 template <typename F>
 struct Job {
   const F *params, *commands, *wind, *wrench;
-  int64_t c_row = 0;  // tick t's command k of row r at commands[r * c_row + t * c_width + k]
-  int c_width = 0;    // commands per tick in `commands`: the step's all, or the primal's (below)
+  int c_width = 0;  // commands per tick in `commands` (the step's all, or the primal's, below): tick t's
+                    // command k of row r at commands[(r * T + t) * c_width + k]
   // a tangent kernel's commands after the primal's, from an array of their own (nullptr: `commands`
   // holds whole rows): tick t's k-th at tangents[r * T * (N_U - c_width) + t * (N_U - c_width) + k]
   const F* tangents = nullptr;
@@ -367,20 +367,24 @@ template <class K, int W>
 void StageCommands(typename K::V* x, const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t0, int len) {
   constexpr int NU = K::N_U;
   if (job.tangents == nullptr) {
-    Gather(x, job.commands + t0 * NU, lanes.c, job.c_row, len * NU);
+    Gather(x, job.commands + t0 * NU, lanes.c, job.T * NU, len * NU);
     return;
   }
   constexpr int kTicks = 16;  // ticks per pass: a W x W tile of 4 commands per tick at least
   typename K::V part[kTicks * NU];
-  const int r0 = job.c_width, r1 = NU - r0;
+  struct Half {
+    const typename K::F* src;
+    const LaneRows<W>& rows;
+    int width, at;  // commands per tick, and where they go in the step's row
+  };
+  const Half halves[2] = {{job.commands, lanes.c, job.c_width, 0}, {job.tangents, lanes.t, NU - job.c_width, job.c_width}};
   for (int a = 0; a < len; a += kTicks) {
     const int n = std::min(kTicks, len - a);
-    Gather(part, job.commands + (t0 + a) * r0, lanes.c, job.c_row, n * r0);
-    for (int tt = 0; tt < n; ++tt)
-      for (int k = 0; k < r0; ++k) x[(a + tt) * NU + k] = part[tt * r0 + k];
-    Gather(part, job.tangents + (t0 + a) * r1, lanes.t, job.T * r1, n * r1);
-    for (int tt = 0; tt < n; ++tt)
-      for (int k = 0; k < r1; ++k) x[(a + tt) * NU + r0 + k] = part[tt * r1 + k];
+    for (const Half& h : halves) {
+      Gather(part, h.src + (t0 + a) * h.width, h.rows, job.T * h.width, n * h.width);
+      for (int tt = 0; tt < n; ++tt)
+        for (int k = 0; k < h.width; ++k) x[(a + tt) * NU + h.at + k] = part[tt * h.width + k];
+    }
   }
 }
 
@@ -582,7 +586,6 @@ ffi::Error Prepare(Job<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<
     return ffi::Error::InvalidArgument("quadjax native: a wind or wrench series of neither 1 nor T rows");
   job.params = params.typed_data();
   job.commands = commands.typed_data();
-  job.c_row = job.T * width;
   job.wind = wind.typed_data();
   job.wrench = wrench.typed_data();
   job.bp = Broadcast(batch, params.dimensions(), 1);
@@ -720,7 +723,6 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   }
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
-  job.c_row = K::N_U;  // row-major (batch..., 1, R): a tick of a time-major series as XLA holds it
   job.substeps = 1;
   job.save_every = 0;
   Run<K>(pool, job, n);

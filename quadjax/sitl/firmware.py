@@ -397,15 +397,13 @@ def _configure(folder: Path, log) -> None:
         for attempt in range(1, CONFIGURE_ATTEMPTS + 1):
             with tempfile.TemporaryDirectory(prefix="quadjax-sitl-config-") as tmp:
                 try:
-                    saved = _configure_once(folder, Path(tmp))
+                    shutil.copy2(_configure_once(folder, Path(tmp)), folder / ".eeprom.tmp")
+                    break
                 except SitlError as err:
                     if attempt == CONFIGURE_ATTEMPTS:
                         raise
                     log(f"quadjax sitl: configuring failed ({err}); once more with a fresh SITL")
-                    continue
-                shutil.copy2(saved, folder / ".eeprom.tmp")
-            os.replace(folder / ".eeprom.tmp", folder / eeprom_name())
-            break
+        os.replace(folder / ".eeprom.tmp", folder / eeprom_name())
     log(f"quadjax sitl: configured ({'; '.join(SETTINGS)})")
 
 
