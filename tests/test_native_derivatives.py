@@ -257,11 +257,12 @@ def _finals(backend):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_jacfwd_pushes_its_tangents_four_at_a_time_and_equals_xla(dtype):
-    """jax.jacfwd (a vmap over tangents, the primals unmapped) runs the multi-tangent kernel: groups
-    of native.TANGENTS tangents with one primal each, a rest of TANGENTS - 1 padded with a zero
-    tangent, a smaller rest in the one-tangent kernel. Its Jacobians are XLA's, with the parameters
-    differentiated and without; each tangent gets the bits a one-tangent call gives it (a tangent does
-    not depend on the others riding with it, nor on its lane), and so does the primal."""
+    """jax.jacfwd (a vmap over tangents, the primals unmapped) with the parameters fixed runs the
+    multi-tangent kernel: groups of native.TANGENTS tangents with one primal each, a rest of
+    TANGENTS - 1 padded with a zero tangent, a smaller rest in the one-tangent kernel. With the
+    parameters differentiated every tangent runs the one-tangent kernel (pushed together they cost
+    more). Its Jacobians are XLA's either way; each tangent gets the bits a one-tangent call gives it
+    (a tangent does not depend on the others riding with it, nor on its lane), and so does the primal."""
     ps, ss, u, wind, wrench, dts = _fleet(dtype, seed=11)
     held = (ps, ss, wind, wrench, dts)
     rtol = 1e-10 if dtype == "float64" else 2e-3
@@ -269,7 +270,7 @@ def test_jacfwd_pushes_its_tangents_four_at_a_time_and_equals_xla(dtype):
     assert k == 4 and N == 5  # the groups and rests below
     cases = {  # argnums: (tangents, the kernels that must run)
         (1,): (3 * N, {"tangents_fixed"}),  # 15 = 3 groups and a rest of 3, padded
-        (0,): (N, {"tangents", "tangent"}),  # 5 = a group and a rest of 1 (the parameters differentiated)
+        (0,): (N, {"tangent"}),  # 5, the parameters differentiated: one at a time
     }
     f = {b: _finals(b) for b in ("native", "xla")}
     for argnums, (m, kinds) in cases.items():
@@ -327,26 +328,32 @@ def test_commands_and_their_tangents_broadcast_to_the_fleet_each_on_its_own():
 
 
 def test_jacfwd_of_jacfwd_through_the_kernels_equals_central_differences():
-    """Second order over a first derivative that pushed its tangents in a group (the JVP of the
-    multi-tangent primitive, XLA's, on the packed tangents) equals central differences of that first
-    derivative. A Hessian by jacfwd of jacfwd had failed before with 'jvp called with different primal
-    and tangent shapes': the JVP rule handed XLA the primitive's primals and tangents, which may
-    differ in their batch (1 against N)."""
+    """Second order over a first derivative equals central differences of that first derivative:
+    one that pushed its tangents in a group (initial roll rates, the parameters fixed: the JVP of the
+    multi-tangent primitive, XLA's, on the packed tangents) and one that ran them one at a time
+    (masses, the parameters differentiated). A Hessian by jacfwd of jacfwd had failed before with
+    'jvp called with different primal and tangent shapes': the JVP rule handed XLA the primitive's
+    primals and tangents, which may differ in their batch (1 against N)."""
     ps, ss, u, wind, wrench, dts = _fleet("float64", seed=12)
     p = jax.tree_util.tree_map(lambda x: x[0], ps)
     s0, u1 = (jax.tree_util.tree_map(lambda x: x[:3], t) for t in (ss, u))
     config = qj.SimConfig(backend="native")
 
-    def positions(mass):  # 3 vehicles, one mass each: the inner jacfwd pushes 3 tangents (padded)
-        return jnp.ravel(jax.vmap(lambda m, s, u: qj.simulate(p.replace(mass=m), s, 0.01, commands=u,
-                                                               config=config).final.position)(mass, s0, u1))
+    def fly(p, s, u):
+        return qj.simulate(p, s, 0.01, commands=u, config=config).final.position
 
-    mass = p.mass * jnp.asarray([0.9, 1.0, 1.1])
-    first = jax.jacfwd(positions)
-    assert "quadjax_tangents_f64_" in _targets(first, mass)
-    hess = jax.jit(jax.jacfwd(first))(mass)
-    first = jax.jit(first)
-    h = 1e-6
-    fd = jnp.stack([(first(mass.at[k].add(h)) - first(mass.at[k].add(-h))) / (2 * h) for k in range(3)], axis=-1)
-    np.testing.assert_allclose(hess, fd, rtol=1e-5, atol=1e-7 * float(np.max(np.abs(fd))))
-    assert float(np.max(np.abs(fd))) > 0
+    cases = {  # 3 vehicles, one value each: the inner jacfwd pushes 3 tangents
+        "tangents_fixed": (lambda r, s, u: fly(p, s.replace(body_rates=s.body_rates.at[0].set(r)), u),
+                           jnp.asarray([-0.5, 0.2, 0.9])),  # one group of the multi-tangent kernel, padded
+        "tangent": (lambda m, s, u: fly(p.replace(mass=m), s, u), p.mass * jnp.asarray([0.9, 1.0, 1.1])),
+    }
+    for kernel, (one, x) in cases.items():
+        positions = lambda x, one=one: jnp.ravel(jax.vmap(one)(x, s0, u1))  # noqa: E731
+        first = jax.jacfwd(positions)
+        assert set(re.findall(r"quadjax_(tangents?(?:_fixed)?)_f64_", _targets(first, x))) == {kernel}
+        hess = jax.jit(jax.jacfwd(first))(x)
+        first = jax.jit(first)
+        h = 1e-6 * float(jnp.max(jnp.abs(x)))
+        fd = jnp.stack([(first(x.at[k].add(h)) - first(x.at[k].add(-h))) / (2 * h) for k in range(3)], axis=-1)
+        np.testing.assert_allclose(hess, fd, rtol=1e-5, atol=1e-7 * float(np.max(np.abs(fd))))
+        assert float(np.max(np.abs(fd))) > 0

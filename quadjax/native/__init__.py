@@ -34,9 +34,10 @@ the parameters' derivatives (system identification) and with the parameters fixe
 the commands), which a parameters' tangent that is a symbolic zero selects. Their divisions are
 products by shared reciprocals (``generate_kernel``'s ``reciprocals``): they agree with XLA's
 derivatives to rounding, not bit for bit. A ``vmap`` over tangents with the primals unmapped
-(``jax.jacfwd``, iLQR's linearisation) pushes :data:`TANGENTS` tangents through one step of a third
-library (kind "tangents", built on first use): the primal once per vehicle, not once per tangent;
-each tangent gets the bits the one-tangent kernel gives it.
+(``jax.jacfwd``, iLQR's linearisation) with the parameters fixed pushes :data:`TANGENTS` tangents
+through one step of a third library (kind "tangents", built on first use): the primal once per
+vehicle, not once per tangent; each tangent gets the bits the one-tangent kernel gives it. With the
+parameters differentiated, each tangent runs the one-tangent kernel (:func:`_joint_batched`).
 
 The kernel for a dtype is generated and compiled on its first use with the system C++
 compiler (``$CXX``, else ``c++``; ``-O3 -march=native``) against jaxlib's FFI headers and cached
@@ -92,10 +93,10 @@ HARNESS = Path(__file__).with_name("rollout.cc")
 LOOP_HARNESS = Path(__file__).with_name("loop.cc")  # the closed loop's (quadjax.native.loop)
 ROTOR_COUNTS = (4, 6, 8)
 DTYPES = ("float32", "float64")
-#: tangents one call of the multi-tangent kernel pushes (source kind "tangents"): a vmap over m
-#: tangents (``jax.jacfwd``) runs ceil(m / TANGENTS) of them, one primal each. The k-tangent step
-#: is one primal and k tangents of generated code (k = 4: 12 761 lines with the parameters fixed,
-#: against 4 × 4 883 for four one-tangent steps), and its compile time grows with k.
+#: tangents one call of the multi-tangent kernel pushes (source kind "tangents", the parameters
+#: fixed): a vmap over m tangents (``jax.jacfwd``) runs ceil(m / TANGENTS) of them, one primal each.
+#: The k-tangent step is one primal and k tangents of generated code (k = 4: 12 761 lines, against
+#: 4 × 4 883 for four one-tangent steps), and its compile time grows with k.
 TANGENTS = 4
 
 
@@ -305,8 +306,8 @@ def generate_source(dtype: str, rotors: int, kind: str = "forward") -> str:
     points; "derivatives": the tangent rollout (:func:`tangent_step` in the rollout harness, every
     row primal then tangent) and the reverse sweep (:func:`adjoint_step`), each also with the
     parameters fixed (:func:`tangent_step_fixed`, :func:`adjoint_step_fixed`); "tangents": the
-    tangent rollout pushing :data:`TANGENTS` tangents at once (rows primal then each tangent), with
-    and without the parameters' terms (what ``jax.jacfwd`` and a ``vmap`` over tangents run)."""
+    tangent rollout pushing :data:`TANGENTS` tangents at once (rows primal then each tangent), the
+    parameters fixed (what ``jax.jacfwd`` and a ``vmap`` over tangents run)."""
     dtype = _traced_dtype(dtype)
     name, lanes, ex = _struct(dtype, rotors), VECTOR_BYTES // dtype.itemsize, step_example(rotors, dtype)
     step = generate_kernel(kernel_step, ex, carry="S", invariant=("P",), namespace=name, lanes=lanes)
@@ -318,14 +319,13 @@ def generate_source(dtype: str, rotors: int, kind: str = "forward") -> str:
                  f"QUADJAX_ROLLOUT_LEAVES({_target(dtype, rotors, 'leaves')}, {name});",
                  f"QUADJAX_STEP({_target(dtype, rotors, 'step')}, {name});\n"]
     elif kind == "tangents":
-        structs, targets = [], []
-        for suffix, with_params in (("", True), ("_fixed", False)):
-            tuples = {k: (v,) * (TANGENTS + 1) if with_params or k != "P" else v for k, v in ex.items()}
-            structs.append(generate_kernel(tangent_step if with_params else tangent_step_fixed, tuples, carry="S",
-                                           invariant=("P",), namespace=f"{name}_m{suffix}", lanes=lanes,
-                                           reciprocals=True).source)
-            targets.append(f"QUADJAX_ROLLOUT_TANGENT({_target(dtype, rotors, 'tangents' + suffix)}, {name}_m{suffix});")
-        parts = [*structs, HARNESS.read_text(), "\n".join(targets) + "\n"]
+        # the parameters fixed only: pushed with theirs, k tangents cost more than k one-tangent
+        # steps (_joint_batched)
+        tuples = {k: (v,) * (TANGENTS + 1) if k != "P" else v for k, v in ex.items()}
+        struct = generate_kernel(tangent_step_fixed, tuples, carry="S", invariant=("P",), namespace=f"{name}_m_fixed",
+                                 lanes=lanes, reciprocals=True).source
+        parts = [struct, HARNESS.read_text(),
+                 f"QUADJAX_ROLLOUT_TANGENT({_target(dtype, rotors, 'tangents_fixed')}, {name}_m_fixed);\n"]
     else:
         # each derivative twice: with the parameters' derivatives and with the parameters fixed; a
         # division in them is a product by a shared reciprocal (generate_kernel's reciprocals)
@@ -481,7 +481,7 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
 
 _TARGETS = {"forward": ("rollout", "leaves", "step"),
             "derivatives": ("tangent", "adjoint", "tangent_fixed", "adjoint_fixed"),
-            "tangents": ("tangents", "tangents_fixed")}
+            "tangents": ("tangents_fixed",)}
 
 
 def _register(lib: Path, targets) -> None:
@@ -876,10 +876,13 @@ def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, r
     """The tangent kernel runs the rollout harness on rows [primal | tangent] (:func:`tangent_step`):
     (final, saved, dfinal, dsaved), the primal and the tangent of one call. ``params_fixed``: ``dP``
     is zero, and the kernel that leaves it out runs (:func:`tangent_step_fixed`). ``pushed``: the
-    number of tangents, 1 or :data:`TANGENTS`; each tangent argument and result holds them side by
-    side on its last axis (:func:`_packed`), and the multi-tangent kernel runs. The commands and their
-    tangents go in as they are, and the kernel pairs them as it stages them: concatenated here, they
-    were a copy of every command and tangent per call (the largest inputs: (..., T, R) each)."""
+    number of tangents, 1 or :data:`TANGENTS` (the parameters fixed); each tangent argument and
+    result holds them side by side on its last axis (:func:`_packed`), and the multi-tangent kernel
+    runs. The commands and their tangents go in as they are, and the kernel pairs them as it stages
+    them: concatenated here, they were a copy of every command and tangent per call (the largest
+    inputs: (..., T, R) each)."""
+    if pushed > 1 and not params_fixed:
+        raise ValueError("quadjax native: the multi-tangent kernel is built with the parameters fixed only")
     primals, tangents = (P, x0, U, Wd, E), (dP, dx0, dU, dWd, dE)
     batch, (NS, _, slots) = _batch(primals + tangents, _CORE * 2), _sizes(x0, U, save_every)
 
@@ -988,13 +991,25 @@ joint_p = _primitive("quadjax_rollout_joint", _joint_ffi, 4)
 
 def _joint_batched(args, dims, **params):
     """joint_p batched like the others, except where only tangents are mapped (``jax.jacfwd``, a
-    ``vmap`` over tangents): its primal halves then leave unmapped, as rollout_p's would, and the
-    tangents go :data:`TANGENTS` at a time through the multi-tangent kernel (:func:`_pushed_batch`)."""
+    ``vmap`` over tangents) with the parameters fixed: its primal halves then leave unmapped, as
+    rollout_p's would, and the tangents go :data:`TANGENTS` at a time through the multi-tangent
+    kernel (:func:`_pushed_batch`).
+
+    With the parameters differentiated, each tangent runs the one-tangent kernel with its primal:
+    there, pushing k tangents together costs more than k one-tangent steps. The parameters'
+    tangents are held over the rollout, so the generated step hoists what depends on them alone into
+    its prologue, per tangent: 229 hoisted values for one tangent, 507 for three (k = 4: ~41 kB of
+    hoisted values beside a ~44 kB stack frame, more than an L1 cache holds). Measured, float32, one
+    thread (benchmarks/generated_steps.py, AMD EPYC, 2026-12-06): a step pushing 2, 3, 4 tangents
+    cost 9.2, 13.5, 17.6 forward steps against 3.9 for one; end to end
+    (benchmarks/jacfwd_grouping.py, 64 vehicles, 1 000 ticks) jax.jacfwd in the 55 parameters took
+    139-156 ms in groups of four and 109-119 ms one at a time. With the parameters fixed (85
+    hoisted values) four together cost 11.2 forward steps against 4 × 3.3."""
     if any(d is not None for d in dims[:5]):
         return _all_mapped(joint_p, 4, args, dims, **params)
     dtype, m = args[2].dtype, next(x.shape[d] for x, d in zip(args[5:], dims[5:]) if d is not None)
     # fewer than TANGENTS - 1 tangents: each in the one-tangent kernel costs less than a padded group
-    if (params.get("pushed", 1) == 1 and m >= TANGENTS - 1
+    if (params.get("pushed", 1) == 1 and params.get("params_fixed", False) and m >= TANGENTS - 1
             and _load(np.dtype(dtype).name, params["rotors"], "tangents") is None):
         return _pushed_batch(m, args, dims, **params)
     outs, _ = _all_mapped(joint_p, 4, args, dims, **params)
