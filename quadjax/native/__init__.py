@@ -998,8 +998,9 @@ def _joint_batched(args, dims, **params):
     With the parameters differentiated, each tangent runs the one-tangent kernel with its primal:
     there, pushing k tangents together costs more than k one-tangent steps. The parameters'
     tangents are held over the rollout, so the generated step hoists what depends on them alone into
-    its prologue, per tangent: 229 hoisted values for one tangent, 507 for three (k = 4: ~41 kB of
-    hoisted values beside a ~44 kB stack frame, more than an L1 cache holds). Measured, float32, one
+    its prologue, per tangent: 229 hoisted values for one tangent, 507 for three (k = 4: 646, 41 KB;
+    with its spills the step's frame is 71 KB, against 20 KB for four tangents with the parameters
+    fixed: more than an L1 cache holds). Measured, float32, one
     thread (benchmarks/generated_steps.py, AMD EPYC, 2026-12-06): a step pushing 2, 3, 4 tangents
     cost 9.2, 13.5, 17.6 forward steps against 3.9 for one; end to end
     (benchmarks/jacfwd_grouping.py, 64 vehicles, 1 000 ticks) jax.jacfwd in the 55 parameters took
