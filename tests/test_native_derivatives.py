@@ -328,32 +328,29 @@ def test_commands_and_their_tangents_broadcast_to_the_fleet_each_on_its_own():
 
 
 def test_jacfwd_of_jacfwd_through_the_kernels_equals_central_differences():
-    """Second order over a first derivative equals central differences of that first derivative:
-    one that pushed its tangents in a group (initial roll rates, the parameters fixed: the JVP of the
-    multi-tangent primitive, XLA's, on the packed tangents) and one that ran them one at a time
-    (masses, the parameters differentiated). A Hessian by jacfwd of jacfwd had failed before with
-    'jvp called with different primal and tangent shapes': the JVP rule handed XLA the primitive's
-    primals and tangents, which may differ in their batch (1 against N)."""
+    """Second order over a first derivative that pushed its tangents in a group (initial roll rates,
+    the parameters fixed: the JVP of the multi-tangent primitive, XLA's, on the packed tangents)
+    equals central differences of that first derivative. A Hessian by jacfwd of jacfwd had failed
+    before with 'jvp called with different primal and tangent shapes': the JVP rule handed XLA the
+    primitive's primals and tangents, which may differ in their batch (1 against N). (Second order in
+    the parameters, one tangent at a time: test_second_derivatives_and_vmap_of_grad.)"""
     ps, ss, u, wind, wrench, dts = _fleet("float64", seed=12)
     p = jax.tree_util.tree_map(lambda x: x[0], ps)
     s0, u1 = (jax.tree_util.tree_map(lambda x: x[:3], t) for t in (ss, u))
     config = qj.SimConfig(backend="native")
 
-    def fly(p, s, u):
-        return qj.simulate(p, s, 0.01, commands=u, config=config).final.position
+    def positions(roll):  # 3 vehicles, one initial roll rate each: the inner jacfwd pushes 3 tangents (padded)
+        def one(r, s, u):
+            s = s.replace(body_rates=s.body_rates.at[0].set(r))
+            return qj.simulate(p, s, 0.01, commands=u, config=config).final.position
+        return jnp.ravel(jax.vmap(one)(roll, s0, u1))
 
-    cases = {  # 3 vehicles, one value each: the inner jacfwd pushes 3 tangents
-        "tangents_fixed": (lambda r, s, u: fly(p, s.replace(body_rates=s.body_rates.at[0].set(r)), u),
-                           jnp.asarray([-0.5, 0.2, 0.9])),  # one group of the multi-tangent kernel, padded
-        "tangent": (lambda m, s, u: fly(p.replace(mass=m), s, u), p.mass * jnp.asarray([0.9, 1.0, 1.1])),
-    }
-    for kernel, (one, x) in cases.items():
-        positions = lambda x, one=one: jnp.ravel(jax.vmap(one)(x, s0, u1))  # noqa: E731
-        first = jax.jacfwd(positions)
-        assert set(re.findall(r"quadjax_(tangents?(?:_fixed)?)_f64_", _targets(first, x))) == {kernel}
-        hess = jax.jit(jax.jacfwd(first))(x)
-        first = jax.jit(first)
-        h = 1e-6 * float(jnp.max(jnp.abs(x)))
-        fd = jnp.stack([(first(x.at[k].add(h)) - first(x.at[k].add(-h))) / (2 * h) for k in range(3)], axis=-1)
-        np.testing.assert_allclose(hess, fd, rtol=1e-5, atol=1e-7 * float(np.max(np.abs(fd))))
-        assert float(np.max(np.abs(fd))) > 0
+    roll = jnp.asarray([-0.5, 0.2, 0.9])
+    first = jax.jacfwd(positions)
+    assert set(re.findall(r"quadjax_(tangents?(?:_fixed)?)_f64_", _targets(first, roll))) == {"tangents_fixed"}
+    hess = jax.jit(jax.jacfwd(first))(roll)
+    first = jax.jit(first)
+    h = 1e-6
+    fd = jnp.stack([(first(roll.at[k].add(h)) - first(roll.at[k].add(-h))) / (2 * h) for k in range(3)], axis=-1)
+    np.testing.assert_allclose(hess, fd, rtol=1e-5, atol=1e-7 * float(np.max(np.abs(fd))))
+    assert float(np.max(np.abs(fd))) > 0
