@@ -67,36 +67,24 @@ static volatile F sink;
 static std::vector<double> last, fused;
 static double split_error = 0;
 
-template <class K> static double carry(const F* primal_state) {  // K::step ticks times, carry S
-  typename K::V P[K::N_P], H[K::NH], S[K::N_S], U[K::N_U], Wd[K::N_Wd], E[K::N_E];
-  fill(P, K::N_P, P0, N_P0); K::prologue(P, H); fill(U, K::N_U, U0, N_U0);
-  for (auto& x : Wd) x = typename K::V{};  // no wind, no wrench (nor their tangents): the presets' case
-  for (auto& x : E) x = typename K::V{};
-  double best = 1e300;
-  for (int r = 0; r < repeats; ++r) {
-    fill(S, K::N_S, primal_state, N_S0);
-    const double t0 = now_ns();
-    for (int t = 0; t < ticks; ++t) K::step(H, P, S, U, Wd, E);
-    best = std::min(best, now_ns() - t0);
-    sink = S[0][0];
-  }
-  return best / ticks / K::W;
-}
-
-template <class K> static std::vector<typename K::V> trail(double* ns) {  // the forward keeping every state
+// K::step ticks times, carrying S; with `kept`, each state is stored before its step (the adjoint's trail pass)
+template <class K> static double carry(std::vector<typename K::V>* kept = nullptr) {
   using V = typename K::V;
-  V P[K::N_P], H[K::NH], S[K::N_S], U[K::N_U], Wd[K::N_Wd] = {}, E[K::N_E] = {};
+  V P[K::N_P], H[K::NH], S[K::N_S], U[K::N_U], Wd[K::N_Wd] = {}, E[K::N_E] = {};  // no wind, no wrench: the presets' case
   fill(P, K::N_P, P0, N_P0); K::prologue(P, H); fill(U, K::N_U, U0, N_U0);
-  std::vector<V> kept(ticks * K::N_S);
+  if (kept) kept->resize(ticks * K::N_S);
   double best = 1e300;
   for (int r = 0; r < repeats; ++r) {
     fill(S, K::N_S, S0, N_S0);
     const double t0 = now_ns();
-    for (int t = 0; t < ticks; ++t) { std::copy_n(S, K::N_S, &kept[t * K::N_S]); K::step(H, P, S, U, Wd, E); }
+    for (int t = 0; t < ticks; ++t) {
+      if (kept) std::copy_n(S, K::N_S, &(*kept)[t * K::N_S]);
+      K::step(H, P, S, U, Wd, E);
+    }
     best = std::min(best, now_ns() - t0);
+    sink = S[0][0];
   }
-  *ns = best / ticks / K::W;
-  return kept;
+  return best / ticks / K::W;
 }
 
 // the reverse sweep over a kept trail: the cotangents of the held inputs zeroed each tick, as the harness does
@@ -106,7 +94,7 @@ template <class K, class A, class Sweep> static double sweep(const std::vector<t
   fill(P, K::N_P, P0, N_P0); A::prologue(P, H); fill(U, K::N_U, U0, N_U0);
   double best = 1e300;
   for (int r = 0; r < repeats; ++r) {
-    fill(C, A::N_C, S0, 0);
+    fill(C, A::N_C, nullptr, 0);
     const double t0 = now_ns();
     run(H, P, U, Wd, E, C, kept);
     best = std::min(best, now_ns() - t0);
@@ -146,9 +134,9 @@ template <class K, class A, class S> static double split(const std::vector<typen
 int main(int argc, char** argv) {
   ticks = std::atoi(argv[1]);
   repeats = std::atoi(argv[2]);
-  double kept_ns;
-  const auto kept = trail<fwd>(&kept_ns);
-  std::printf("{\"forward\": %%.4f, \"forward, keeping the trail\": %%.4f", carry<fwd>(S0), kept_ns);
+  std::vector<fwd::V> kept;
+  const double kept_ns = carry<fwd>(&kept);
+  std::printf("{\"forward\": %%.4f, \"forward, keeping the trail\": %%.4f", carry<fwd>(), kept_ns);
 %(rows)s
   std::printf(", \"split error\": %%g}\n", split_error);
 }
@@ -199,13 +187,13 @@ def split_adjoint(source: str, namespace: str, name: str) -> tuple[str, int]:
 
 
 def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[str, dict]:
-    """The driver's C++: every struct, then the rows to time."""
+    """The driver's C++ (every struct, then the rows to time) and the split adjoints' residuals per step."""
     dtype = np.dtype(dtype)
     lanes, ex = native.VECTOR_BYTES // dtype.itemsize, native.step_example(4, dtype)
     inputs = {"P": ex["P"], "X": ex["S"], "U": ex["U"], "Wd": ex["Wd"], "E": ex["E"]}
     structs = [generate.generate_kernel(native.kernel_step, ex, carry="S", invariant=("P",), namespace="fwd",
                                         lanes=lanes).source]
-    rows, info = [], {"lanes": lanes}
+    rows, residuals = [], {}
     for suffix, with_params in (("", True), ("_fixed", False)):
         what = "with the parameters' terms" if with_params else "parameters fixed"
         for k in tangents:
@@ -214,12 +202,12 @@ def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[
             ns = f"tan{k}{suffix}"
             structs.append(generate.generate_kernel(step, tuples, carry="S", invariant=("P",), namespace=ns,
                                                     lanes=lanes, reciprocals=True).source)
-            rows.append((f"tangent step, {k} tangent{'s' * (k > 1)}, {what}", f"carry<{ns}>(S0)"))
+            rows.append((f"tangent step, {k} tangent{'s' * (k > 1)}, {what}", f"carry<{ns}>()"))
         held = [v for n, v in inputs.items() if n != "X" and (with_params or n != "P")]
         step = native.adjoint_step if with_params else native.adjoint_step_fixed
         adj = generate.generate_kernel(step, dict(inputs, C=(ex["S"], *held)), carry="C", invariant=("P",),
                                        namespace=f"adj{suffix}", lanes=lanes, reciprocals=True).source
-        cut, info[f"residuals per step, {what}"] = split_adjoint(adj, f"adj{suffix}", f"cut{suffix}")
+        cut, residuals[f"residuals per step, {what}"] = split_adjoint(adj, f"adj{suffix}", f"cut{suffix}")
         structs += [adj, cut]
         rows.append((f"adjoint step, {what}", f"adjoint<fwd, adj{suffix}>(kept)"))
         rows += [(f"split adjoint, {what}, segments of {n} ticks", f"split<fwd, adj{suffix}, cut{suffix}>(kept, {n})")
@@ -229,7 +217,7 @@ def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[
     printed = "\n".join(f'  std::printf(", \\"{label}\\": %.4f", {call});' for label, call in rows)
     text = "\n".join([generate.VECTOR_PRELUDE, f"using F = {'float' if dtype == np.float32 else 'double'};",
                       *structs, sizes, DRIVER % {**_values(dtype), "rows": printed}])
-    return text, info
+    return text, residuals
 
 
 def main() -> None:
@@ -244,7 +232,7 @@ def main() -> None:
     cxx = native.compiler()
     if cxx is None:
         raise SystemExit("no C++ compiler: the generated steps cannot be built")
-    text, info = build(args.dtype, tangents=tuple(int(k) for k in args.tangents.split(",")))
+    text, residuals = build(args.dtype, tangents=tuple(int(k) for k in args.tangents.split(",")))
     with tempfile.TemporaryDirectory(prefix="quadjax-steps-") as tmp:
         cc, exe = Path(tmp) / "steps.cc", Path(tmp) / "steps"
         cc.write_text(text)
@@ -256,16 +244,16 @@ def main() -> None:
     if ns.pop("split error") != 0:
         raise SystemExit("the split adjoint's cotangents differ from the adjoint step's: the cut is wrong")
     forward = ns["forward"]
-    print(f"{args.dtype}, {info['lanes']} lanes, {args.ticks} ticks, fastest of {args.repeats}, one thread")
+    lanes = native.VECTOR_BYTES // np.dtype(args.dtype).itemsize
+    print(f"{args.dtype}, {lanes} lanes, {args.ticks} ticks, fastest of {args.repeats}, one thread")
     print(f"{'step':<72} {'ns/vehicle-step':>16} {'x forward':>10}")
     for label, v in ns.items():
         print(f"{label:<72} {v:>16.2f} {v / forward:>10.2f}")
-    for label, v in info.items():
-        if label != "lanes":
-            print(f"{label}: {v}")
+    for label, v in residuals.items():
+        print(f"{label}: {v}")
     OUT.mkdir(exist_ok=True)
     (OUT / "generated_steps.json").write_text(json.dumps({"dtype": args.dtype, "ticks": args.ticks,
-                                                          "repeats": args.repeats, **info, "ns": ns}, indent=1))
+                                                          "repeats": args.repeats, "lanes": lanes, **residuals, "ns": ns}, indent=1))
 
 
 if __name__ == "__main__":

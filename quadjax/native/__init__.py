@@ -996,16 +996,11 @@ def _joint_batched(args, dims, **params):
     kernel (:func:`_pushed_batch`).
 
     With the parameters differentiated, each tangent runs the one-tangent kernel with its primal:
-    there, pushing k tangents together costs more than k one-tangent steps. The parameters'
-    tangents are held over the rollout, so the generated step hoists what depends on them alone into
-    its prologue, per tangent: 229 hoisted values for one tangent, 507 for three (k = 4: 646, 41 KB;
-    with its spills the step's frame is 71 KB, against 20 KB for four tangents with the parameters
-    fixed: more than an L1 cache holds). Measured, float32, one
-    thread (benchmarks/generated_steps.py, AMD EPYC, 2026-12-06): a step pushing 2, 3, 4 tangents
-    cost 9.2, 13.5, 17.6 forward steps against 3.9 for one; end to end
-    (benchmarks/jacfwd_grouping.py, 64 vehicles, 1 000 ticks) jax.jacfwd in the 55 parameters took
-    139-156 ms in groups of four and 109-119 ms one at a time. With the parameters fixed (85
-    hoisted values) four together cost 11.2 forward steps against 4 × 3.3."""
+    there, k tangents pushed together cost more than k one-tangent steps (2, 3, 4: 9.2, 13.5, 17.6
+    forward steps against 3.9 for one). The parameters' tangents are held over the rollout, so the
+    step hoists what depends on them into its prologue once per tangent (646 values at k = 4), and
+    its frame (71 KB) outgrows an L1 cache. Measured in benchmarks/generated_steps.py and
+    jacfwd_grouping.py (benchmarks/README.md, 2026-12-06, thirteenth session)."""
     if any(d is not None for d in dims[:5]):
         return _all_mapped(joint_p, 4, args, dims, **params)
     dtype, m = args[2].dtype, next(x.shape[d] for x, d in zip(args[5:], dims[5:]) if d is not None)
