@@ -78,13 +78,27 @@ def test_kernel_matches_xla_with_every_term_on(dtype):
     wind = jnp.asarray(rng.normal(0, 3, (T, 3)), dtype)
     wrench = jnp.asarray(rng.normal(0, 0.2, (T, 6)), dtype)
     fold = dict(hooks=(qj.Reduce(lambda c, s: jnp.maximum(c, jnp.abs(s.body_rates)), jnp.zeros(3, dtype)),))
-    # save_every 2: 20 slots, the kernel writes them a run of 16 and then the remaining 4
+    # save_every 2: 20 slots, fewer than a block holds before writing them (the next test: more)
     for kw in (dict(), dict(save_every=8, substeps=3, wind=wind, wrench=wrench), dict(wind=wind, **fold),
                dict(save_every=2)):
         native, xla = _both(lambda b, s, u: _batch(p, s, u, 2e-3, backend=b, **kw))
         on_native, on_xla = native(states, u), xla(states, u)
         assert (on_native.backend, on_xla.backend) == ("native", "xla")
         leaves_close(on_native, on_xla, **TOL[dtype])
+
+
+def test_saved_states_beyond_what_a_block_holds_equal_xla():
+    """A block holds its saved states and writes them a run of 16 to 128 slots per vehicle at a time
+    (SavedSlots in rollout.cc, by the state's size): 300 saved ticks are two or more whole runs and
+    a part run, in full and part-filled blocks of lanes. A planted off-by-one in a run's offset or in
+    the last run's length fails it."""
+    p = qj.presets.rp1(jnp.float64)
+    N, T = 21, 300
+    states, u = _fleet(p, N, T, jnp.float64, spread=0.02)
+    native, xla = _both(lambda b, s, u: _batch(p, s, u, 1e-3, backend=b, save_every=1).states)
+    got, ref = native(states, u), xla(states, u)
+    assert got.position.shape == (N, T, 3)
+    leaves_close(got, ref, **TOL[jnp.float64])
 
 
 @pytest.mark.parametrize("R", [4, 6, 8])

@@ -240,9 +240,10 @@ def test_series_in_and_saved_outputs_out(dtype, every):
 
 def test_replayed_commands_with_a_hook_stream_in():
     """An open loop with per-tick work (replayed commands, a hook) runs in the one native call,
-    each vehicle's commands read at each tick: equal to XLA's, hook and saved states too."""
+    each vehicle's commands read at each tick: equal to XLA's, hook and saved states too. 300 saved
+    ticks: more than a block holds (16 to 128 slots, SavedSlots), written in whole runs and a part run."""
     p = qj.presets.rp1(jnp.float64)
-    n, T = 5, 30
+    n, T = 5, 300
     hover = qj.hover_rotor_speed(p)
     commands = hover * (1 + 0.02 * jnp.asarray(np.random.default_rng(2).normal(size=(n, T, 4))))
     s0 = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), qj.hover_state(p))
@@ -250,7 +251,7 @@ def test_replayed_commands_with_a_hook_stream_in():
     def fleet(backend):
         def one(s, u):
             tr = qj.simulate(p, s, 0.002, commands=u, num_ticks=T, hooks=(_SpeedLimit(10.0),),
-                             config=qj.SimConfig(backend=backend, save_every=3, save=("state",)))
+                             config=qj.SimConfig(backend=backend, save_every=1, save=("state",)))
             return tr.final, tr.states, tr.hooks
 
         return jax.jit(jax.vmap(one))

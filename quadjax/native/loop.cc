@@ -27,7 +27,8 @@ template <class K>
 struct LoopBlock {
   using V = typename K::V;
   V p[K::N_P], H[K::NH], x[K::N_X], k[K::N_k], u[K::N_U], y[K::N_Y];
-  V saved[kSaved * K::N_Y];  // the outputs to save (SaveSlot), the leaf at offset o from kSaved * o
+  static constexpr int kept = SavedSlots<K::N_Y, V>();  // slots of saved outputs held
+  V saved[kept * K::N_Y];  // the outputs to save (SaveSlot), the leaf at offset o from kept * o
 };
 
 template <class K>
@@ -96,7 +97,8 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
       K::step(B.H, B.p, B.x, B.k, B.u, B.y);
       if (every && (t + 1) % every == 0) {
         for (int l = 0; l < NY; ++l)
-          SaveSlot(B.saved + kSaved * y_at[l], Y[l], own, count, s, S, B.y + y_at[l], K::L_Y[l]);
+          SaveSlot(B.saved + LoopBlock<K>::kept * y_at[l], Y[l], own, count, s, S, B.y + y_at[l], K::L_Y[l],
+                   LoopBlock<K>::kept);
         ++s;
       }
     }

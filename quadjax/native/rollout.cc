@@ -47,7 +47,18 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kChunk = 64;  // ticks of commands staged per block at a time
-constexpr int kSaved = 16;  // saved states held per block before they are written, a run at a time
+// Saved values are held per block and written a run of slots per lane at a time (SaveSlot): as many
+// slots as fit in kSavedBytes, a multiple of 16 (whole W x W tiles of a width-1 leaf), from 16 to 128
+// (96 for a quadrotor's state). Each line written is a line of a large result that no cache holds,
+// read in before it is written: a lane's longer run is a longer sequential stream, which the
+// prefetchers follow. Saving every state (float32, 4 rotors, N = 4 096, T = 1 000, 2 threads) took
+// 19.7-20.2 against 22.8 ns wall per vehicle-step with 16 slots (2026-12-06, benchmarks/README.md).
+constexpr size_t kSavedBytes = size_t{128} << 10;
+template <int N, class V>
+constexpr int SavedSlots() {
+  const int fit = static_cast<int>(kSavedBytes / (N * sizeof(V))) / 16 * 16;
+  return fit < 16 ? 16 : fit > 128 ? 128 : fit;
+}
 
 template <typename F> struct DataTypeOf;
 template <> struct DataTypeOf<float> { static constexpr ffi::DataType value = ffi::DataType::F32; };
@@ -136,7 +147,8 @@ struct Block {
   static constexpr int R = K::N_U;
   V p[K::N_P], H[K::NH], s[K::N_S], u[R], wind[K::N_Wd], ext[K::N_E];
   V staged[kChunk][R];  // the next commands, lane-major
-  V saved[kSaved * K::N_S];  // the states to save (SaveSlot), the part at offset o from kSaved * o
+  static constexpr int kept = SavedSlots<K::N_S, V>();  // slots of saved states held
+  V saved[kept * K::N_S];  // the states to save (SaveSlot), the part at offset o from kept * o
   bool params_ready = false;  // p and H hold a shared parameter row
 };
 
@@ -335,16 +347,16 @@ inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, 
 }
 
 // Slot `slot` (of `slots`) of a saved result: the block's values x[0..width) for lane j go to
-// out[(own.row[j] * slots + slot) * width]. They are held in `stage` (the result's kSaved-slot
-// region, slot k at k * width) and written a run of kSaved slots at a time, the last run when the
+// out[(own.row[j] * slots + slot) * width]. They are held in `stage` (the result's `kept`-slot
+// region, slot k at k * width) and written a run of `kept` slots at a time, the last run when the
 // last slot comes: a lane's run is one span of its saved rows, written by W x W tiles (Scatter),
 // where a slot at a time took a store per lane and value.
 template <class V, typename F, int W>
 inline void SaveSlot(V* stage, F* out, const LaneRows<W>& own, int count, int64_t slot, int64_t slots, const V* x,
-                     int width) {
-  const int k = static_cast<int>(slot % kSaved);
+                     int width, int kept) {
+  const int k = static_cast<int>(slot % kept);
   std::copy_n(x, width, stage + k * width);
-  if (k == kSaved - 1 || slot == slots - 1)
+  if (k == kept - 1 || slot == slots - 1)
     Scatter(out + (slot - k) * width, own, count, slots * width, stage, (k + 1) * width);
 }
 
@@ -422,8 +434,8 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
         for (const auto& part : job.saved)
-          SaveSlot(B.saved + kSaved * part.offset, part.out, lanes.own, count, slot, slots, B.s + part.offset,
-                   part.width);
+          SaveSlot(B.saved + Block<K>::kept * part.offset, part.out, lanes.own, count, slot, slots, B.s + part.offset,
+                   part.width, Block<K>::kept);
       }
     }
   }
