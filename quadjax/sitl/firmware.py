@@ -422,12 +422,11 @@ def _configure_once(folder: Path, workdir: Path) -> Path:
                         raise SitlError(f"the SITL refused {command!r}: {reply.strip()}")
                 cli.send("save")
                 fc.wait_exit(link, 10.0)  # with the CLI's connection open: closing it mid-save stalls the save
+            if not (workdir / "eeprom.bin").is_file():
+                raise SitlError(f"the SITL exited (code {fc.proc.returncode}) after save but saved no eeprom.bin")
         except SitlError as err:
             raise SitlError(f"{err}; the SITL's last output:\n{fc.log_tail()}") from None
-    saved = workdir / "eeprom.bin"
-    if not saved.is_file():
-        raise SitlError("the SITL saved no eeprom.bin")
-    return saved
+    return workdir / "eeprom.bin"
 
 
 def ports_in_use() -> list[str]:
