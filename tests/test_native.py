@@ -90,8 +90,8 @@ def test_kernel_matches_xla_with_every_term_on(dtype):
 def test_saved_states_beyond_what_a_block_holds_equal_xla():
     """A block holds its saved states and writes them a run of 16 to 128 slots per vehicle at a time
     (SavedSlots in rollout.cc, by the state's size): 300 saved ticks are two or more whole runs and
-    a part run, in full and part-filled blocks of lanes. A planted off-by-one in a run's offset or in
-    the last run's length fails it."""
+    a part run, in full and part-filled blocks of lanes. A run written one slot early (a planted
+    `k == Kept - 2`) fails it; the 40-tick tests above do not see it."""
     p = qj.presets.rp1(jnp.float64)
     N, T = 21, 300
     states, u = _fleet(p, N, T, jnp.float64, spread=0.02)

@@ -97,8 +97,7 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
       K::step(B.H, B.p, B.x, B.k, B.u, B.y);
       if (every && (t + 1) % every == 0) {
         for (int l = 0; l < NY; ++l)
-          SaveSlot(B.saved + LoopBlock<K>::kept * y_at[l], Y[l], own, count, s, S, B.y + y_at[l], K::L_Y[l],
-                   LoopBlock<K>::kept);
+          SaveSlot<LoopBlock<K>::kept>(B.saved, y_at[l], Y[l], own, count, s, S, B.y + y_at[l], K::L_Y[l]);
         ++s;
       }
     }

@@ -347,16 +347,18 @@ inline void Scatter(F* dst, const LaneRows<W>& at, int count, int64_t row_step, 
 }
 
 // Slot `slot` (of `slots`) of a saved result: the block's values x[0..width) for lane j go to
-// out[(own.row[j] * slots + slot) * width]. They are held in `stage` (the result's `kept`-slot
-// region, slot k at k * width) and written a run of `kept` slots at a time, the last run when the
-// last slot comes: a lane's run is one span of its saved rows, written by W x W tiles (Scatter),
-// where a slot at a time took a store per lane and value.
-template <class V, typename F, int W>
-inline void SaveSlot(V* stage, F* out, const LaneRows<W>& own, int count, int64_t slot, int64_t slots, const V* x,
-                     int width, int kept) {
-  const int k = static_cast<int>(slot % kept);
+// out[(own.row[j] * slots + slot) * width]. They are held in the block's `saved` region of the
+// result, the `Kept` slots from saved + Kept * offset (slot k at k * width), and written a run of
+// Kept slots at a time, the last run when the last slot comes: a lane's run is one span of its saved
+// rows, written by W x W tiles (Scatter), where a slot at a time took a store per lane and value.
+// Kept is the block type's constant (SavedSlots), so that the modulo below is no division.
+template <int Kept, class V, typename F, int W>
+inline void SaveSlot(V* saved, int offset, F* out, const LaneRows<W>& own, int count, int64_t slot, int64_t slots,
+                     const V* x, int width) {
+  V* stage = saved + Kept * offset;
+  const int k = static_cast<int>(slot % Kept);
   std::copy_n(x, width, stage + k * width);
-  if (k == kept - 1 || slot == slots - 1)
+  if (k == Kept - 1 || slot == slots - 1)
     Scatter(out + (slot - k) * width, own, count, slots * width, stage, (k + 1) * width);
 }
 
@@ -434,8 +436,8 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
       if (job.save_every > 0 && (tick + 1) % job.save_every == 0) {
         const int64_t slot = tick / job.save_every, slots = T / job.save_every;
         for (const auto& part : job.saved)
-          SaveSlot(B.saved + Block<K>::kept * part.offset, part.out, lanes.own, count, slot, slots, B.s + part.offset,
-                   part.width, Block<K>::kept);
+          SaveSlot<Block<K>::kept>(B.saved, part.offset, part.out, lanes.own, count, slot, slots, B.s + part.offset,
+                                   part.width);
       }
     }
   }
