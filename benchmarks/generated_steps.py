@@ -161,16 +161,38 @@ def split_adjoint(source: str, namespace: str, name: str) -> tuple[str, int]:
     lines = lines[:lines.index("}")]
     ref = re.compile(r"\b(v\d+|o\d+)\b|\b(C)\[\d+\]")
     kind, backward, parts = {}, set(), []
-    for line in lines:
-        m = re.match(r"\s*const (V|M) (\w+) = (.*);$", line)
-        name_, refs = (m.group(2), ref.findall(m.group(3))) if m else (None, ref.findall(line))
-        uses = {a or "C" for a, _ in refs}
-        back = name_ is None or "C" in uses or bool(uses & backward)
-        if name_:
-            kind[name_] = m.group(1)
-            if back:
-                backward.add(name_)
-        parts.append((line, back, uses))
+    # a gated branch (an effect's code, run for a block where a lane has it on) is one part: the
+    # results it declares before its `if`, then both arms (their own locals stay inside)
+    groups, i = [], 0
+    while i < len(lines):
+        if not re.match(r"\s*(V|M) v\d+;$", lines[i]):
+            groups.append([lines[i]])
+            i += 1
+            continue
+        j = lines.index("  } else {", i)
+        j = lines.index("  }", j)
+        groups.append(lines[i:j + 1])
+        i = j + 1
+    for group in groups:
+        inner = set()
+        defined, uses = [], set()
+        for line in group:
+            m = re.match(r"\s*const (V|M) (\w+) = (.*);$", line)
+            d = re.match(r"\s*(V|M) (v\d+);$", line)
+            if d:
+                kind[d.group(2)] = d.group(1)
+                defined.append(d.group(2))
+                continue
+            if m:
+                (inner.add(m.group(2)) if len(group) > 1 else defined.append(m.group(2)))
+                kind[m.group(2)] = m.group(1)
+            body = m.group(3) if m else line
+            uses |= {a or "C" for a, _ in ref.findall(body)}
+        uses -= inner | set(defined) if len(group) > 1 else set()
+        back = not defined or "C" in uses or bool(uses & backward)
+        if back:
+            backward.update(defined)
+        parts.append(("\n".join(group), back, uses))
     residuals = list(dict.fromkeys(u for _, back, uses in parts if back for u in sorted(uses)
                                    if u in kind and u not in backward))
     store = [f"  R[{i}] = {'(V)' if kind[r] == 'M' else ''}{r};" for i, r in enumerate(residuals)]

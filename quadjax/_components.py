@@ -12,10 +12,14 @@ form's slices, small stacks and size-3/4 reductions inside the step cost ~10–2
 arithmetic (GUIDE §3; measured in benchmarks/RESULTS.md).
 """
 
+import contextlib
+import contextvars
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from quadjax.params import QuadParams
 from quadjax.state import QuadState
@@ -119,10 +123,11 @@ def join_state(state: QuadState) -> QuadState:
     )
 
 
-def gated(on, term, off, *args):
+def gated(on, term, off, *args, coefficients: tuple = ()):
     """``term(*args)`` where ``on``, else ``off``: a number every element of the result takes, or a
     function of ``args`` that returns some of them unchanged (an effect whose coefficient sits at
-    its off value; ``on`` a bool of the vehicles' shape).
+    its off value; ``on`` a bool of the vehicles' shape). ``coefficients``: the fields of
+    ``args[0]`` (the parameters) whose values decide ``on`` (empty: ``args[0]`` is the coefficient).
 
     The values are term's (where off it gives ``off``: its coefficient multiplies it) and so is
     every derivative: the jvp is term's own, so d/dk at k = 0 stays right where the effect is off.
@@ -130,9 +135,10 @@ def gated(on, term, off, *args):
     (generated per vehicle) turns into a branch that runs term only for a block of vehicles of
     which one has it on: an effect off costs a test, not its arithmetic. On batched arrays it is
     a select of both, as XLA would make of a cond under vmap. Un-jitted (op by op, the gate
-    already known) it is decided in Python, with the same values.
+    already known) it is decided in Python, with the same values. Within :func:`gated_tangents`
+    its derivatives are gated too where the coefficients are not differentiated (:func:`_gate_jvp`).
     """
-    return _gate(term, off, on, *args)
+    return _gate(term, off, tuple(coefficients), on, *args)
 
 
 def _off_values(off, shapes, args):
@@ -143,8 +149,8 @@ def _off_values(off, shapes, args):
     return jax.tree_util.tree_map(lambda s: jnp.full(s.shape, off, s.dtype), shapes)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _gate(term, off, on, *args):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _gate(term, off, coefficients, on, *args):
     if jnp.ndim(on):
         result = term(*args)
         return jax.tree_util.tree_map(lambda x, y: jnp.where(on, x, y), result, _off_values(off, result, args))
@@ -167,6 +173,54 @@ def op_by_op(tree) -> bool:
     return not isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
-@_gate.defjvp
-def _gate_jvp(term, off, primals, tangents):
-    return jax.jvp(term, primals[1:], tangents[1:])
+_GATED_TANGENTS = contextvars.ContextVar("quadjax_gated_tangents", default=False)
+
+
+@contextlib.contextmanager
+def gated_tangents():
+    """Within it, a gate's tangents are gated as its values are where its coefficients are not
+    differentiated (:func:`_gate_jvp`): what the native kernels' derivatives with the parameters
+    fixed are generated from (one vehicle, no ``vmap``). Not elsewhere: under a ``vmap`` that
+    batches the gate, JAX makes a cond a select whose operands pass through ``stop_gradient``, which
+    a linearisation (``jax.grad``) cannot transpose once they are tangents."""
+    token = _GATED_TANGENTS.set(True)
+    try:
+        yield
+    finally:
+        _GATED_TANGENTS.reset(token)
+
+
+@functools.partial(_gate.defjvp, symbolic_zeros=True)
+def _gate_jvp(term, off, coefficients, primals, tangents):
+    """term's jvp; within :func:`gated_tangents`, with the coefficients not differentiated (a zero
+    tangent: the parameters fixed), gated as the values are. Where off, term is ``off`` as a
+    function of everything else (its coefficient at its off value makes it so), so their
+    derivatives are off's: an effect off then costs the derivative kernels a test, not its
+    arithmetic (the tangent step 30 % less, the adjoint step 13 %: benchmarks/README.md)."""
+    on, args, d_args = primals[0], primals[1:], tuple(_instantiated(t) for t in tangents[1:])
+    d_coefficients = [getattr(tangents[1], name) for name in coefficients] if coefficients else tangents[1]
+    zero = jax.tree_util.tree_leaves(d_coefficients, is_leaf=lambda t: isinstance(t, SymbolicZero))
+    if not _GATED_TANGENTS.get() or jnp.ndim(on) or not all(isinstance(t, SymbolicZero) for t in zero):
+        return jax.jvp(term, args, d_args)
+    if op_by_op(on):
+        return jax.jvp(term, args, d_args) if bool(on) else _off_jvp(off, jax.eval_shape(term, *args), args, d_args)
+    shapes = jax.eval_shape(term, *args)
+    # the values by their own gate, and the tangents by a second that returns tangents alone: a cond
+    # that returned both would put the values in the linear part of a linearisation (jax.grad), and
+    # everything computed from them after it
+    tangent = jax.lax.cond(on, lambda a, d: jax.jvp(term, a, d)[1], lambda a, d: _off_jvp(off, shapes, a, d)[1],
+                           args, d_args)
+    return _gate(term, off, coefficients, on, *args), tangent
+
+
+def _off_jvp(off, shapes, args, d_args):
+    return jax.jvp(lambda *a: _off_values(off, shapes, a), args, d_args)
+
+
+def _instantiated(tangent):
+    """A custom_jvp rule's tangent with its symbolic zeros as arrays."""
+    def one(t):
+        if not isinstance(t, SymbolicZero):
+            return t
+        return np.zeros(t.shape, t.dtype) if t.dtype == jax.dtypes.float0 else jnp.zeros(t.shape, t.dtype)
+    return jax.tree_util.tree_map(one, tangent, is_leaf=lambda t: isinstance(t, SymbolicZero))

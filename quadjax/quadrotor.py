@@ -62,7 +62,7 @@ def lagged_rotor_speeds_c(params: QuadParams, rotor_speeds, command, decay):
     lag = has_motor_lag(params)
     up, down = decay
     decays = gated(params.motor_tau_down_ratio != 1, _decay_per_rotor, lambda p, w, c, up, down: (up,) * len(w),
-                   params, rotor_speeds, command, up, down)
+                   params, rotor_speeds, command, up, down, coefficients=("motor_tau_down_ratio",))
     return tuple(jnp.where(lag, u + (w - u) * e, w)
                  for w, u, e in zip(rotor_speeds, clamp_command_c(params, command), decays))
 
@@ -167,7 +167,8 @@ def thrusts_c(params: QuadParams, rotor_speeds, energy, v_b, body_rates, height)
     :func:`quadjax._components.gated` together: computed only where one is on."""
     thrusts = rotor_thrusts_c(params, rotor_speeds, energy)
     on = (params.k_inflow != 0) | (params.rotor_radius > 0)
-    return gated(on, _with_thrust_effects, _kept, params, thrusts, rotor_speeds, v_b, body_rates, height)
+    return gated(on, _with_thrust_effects, _kept, params, thrusts, rotor_speeds, v_b, body_rates, height,
+                 coefficients=("k_inflow", "rotor_radius"))
 
 
 def _kept(params, values, *rest):
@@ -262,7 +263,8 @@ def body_wrench_c(params: QuadParams, position, attitude, velocity, body_rates, 
                                                 rotational_drag_moment_c(params, body_rates),
                                                 gyroscopic_moment_c(params, rotor_speeds, body_rates)))
     on = (params.rotor_reaction_inertia != 0) | (params.rotor_drag != 0) | (params.blade_flapping != 0)
-    return gated(on, _plus_rotor_effects, _kept, params, (force, moment), v_b, rotor_speeds, rotor_accelerations)
+    return gated(on, _plus_rotor_effects, _kept, params, (force, moment), v_b, rotor_speeds, rotor_accelerations,
+                 coefficients=("rotor_reaction_inertia", "rotor_drag", "blade_flapping"))
 
 
 def _plus_rotor_effects(params: QuadParams, wrench, v_b, rotor_speeds, rotor_accelerations):

@@ -205,7 +205,7 @@ def test_every_preset_has_every_effect_off_and_off_is_bit_identical_to_without(d
         return [(qj.derivative(p, s, u), rk4_step_xla(p, s, u, jnp.asarray(0.004, dtype))) for p, s, u in cases]
 
     gated = run()
-    monkeypatch.setattr(quad, "gated", lambda on, term, off_value, *args: term(*args))
+    monkeypatch.setattr(quad, "gated", lambda on, term, off_value, *args, **_: term(*args))
     computed = run()
     for name, neutral in _NEUTRAL.items():
         monkeypatch.setattr(quad, name, neutral)
@@ -317,3 +317,40 @@ def test_k_f_from_the_specific_force_of_the_nanodrone_flights():
         pytest.skip("nano-drone flights not present")
     fit = k_f_from_specific_force([load_nanodrone(folder / f"{n}.parquet") for n in NANODRONE_TRAIN], 0.045)
     assert fit.k_f == pytest.approx(3.7178e-8, rel=1e-4) and fit.residual_rms < 0.015
+
+
+def test_gated_tangents_equal_the_full_ones_with_each_effect_on_or_off():
+    """Within ``gated_tangents`` (what the native kernels' derivatives with the parameters fixed are
+    generated from) an effect's tangents are gated as its values are where its coefficients are not
+    differentiated: off, they are its off form's, on, its term's. Both equal the full jvp to
+    rounding, one RK4 step of six vehicles whose effects are each on or off; with the parameters
+    differentiated the full jvp runs in either case (d/dk at k = 0 is not the off form's)."""
+    from quadjax._components import gated_tangents
+    from tests.helpers import varied_fleet
+
+    fleet = varied_fleet(4, 6, jnp.float64, seed=11)
+
+    def jvp(p, s, u, dt, ds, du, dp=None):
+        if dp is None:  # the parameters fixed: a symbolic zero tangent
+            return jax.jvp(lambda s, u: rk4_step_xla(p, s, u, dt), (s, u), (ds, du))[1]
+        return jax.jvp(lambda p, s, u: rk4_step_xla(p, s, u, dt), (p, s, u), (dp, ds, du))[1]
+
+    def gated(*args):
+        with gated_tangents():
+            return jvp(*args)
+
+    full, inside = jax.jit(jvp), jax.jit(gated)
+    assert "cond" in str(jax.make_jaxpr(gated)(*fleet[0], *fleet[0][1:3]))  # the gate is there
+    assert "cond" not in str(jax.make_jaxpr(jvp)(*fleet[0], *fleet[0][1:3]))
+    rng = np.random.default_rng(3)
+    ons = []
+    for p, s, u, dt in fleet:
+        ds = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=jnp.shape(x)) * 1e-2, x.dtype), s)
+        du = jnp.asarray(rng.normal(size=u.shape), u.dtype)
+        dp = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=jnp.shape(x)) * 1e-3, x.dtype), p)
+        for a, b in ((inside(p, s, u, dt, ds, du), full(p, s, u, dt, ds, du)),
+                     (inside(p, s, u, dt, ds, du, dp), full(p, s, u, dt, ds, du, dp))):
+            for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+                np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12 * (1 + float(jnp.max(jnp.abs(y)))))
+        ons.append(float(p.k_inflow) != 0)
+    assert any(ons) and not all(ons)  # the fleet has the effect both ways

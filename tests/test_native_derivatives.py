@@ -191,24 +191,48 @@ def test_gradient_equals_central_finite_differences():
         np.testing.assert_allclose(pick(g[i]), fd, rtol=2e-6, atol=1e-7)
 
 
-def test_recomputed_segments_give_the_stored_sweep_bit_for_bit():
-    """The reverse sweep's memory bound: segments of 1, 5 or 7 ticks recomputed from
-    checkpoints give the bits of the whole horizon kept (the same operations in the same order),
-    including a last segment shorter than the others."""
-    ps, ss, u, wind, wrench, dts = _fleet("float64")
+def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(monkeypatch):
+    """jax.grad's forward pass keeps the trail of states for the reverse sweep (quadjax_trail_,
+    within native.TRAIL_BYTES), which then runs no forward pass of its own. Beyond the budget the
+    sweep recomputes it, the whole horizon at once or in segments of 1, 5 or 7 ticks from
+    checkpoints (the memory bound, with a last segment shorter than the others): every way gives
+    the same bits (the same operations in the same order). A vmap over cotangents alone
+    (jax.jacrev) meets a trail of another batch and recomputes: XLA's Jacobian. 20 vehicles: whole
+    blocks of lanes and a part of one, which the trail holds each its own way."""
+    ps, ss, u, wind, wrench, dts = jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * 4), _fleet("float64"))
     x0 = native.pack_state(ss)
 
-    def grads(segment):
-        def loss(p, x, u, w, e):
+    def loss(segment):
+        def fn(p, x, u, w, e):
             f, saved = jax.vmap(lambda p, x, u, w, e: native.rollout(p, x, u, 0.01, w, e, substeps=SUBSTEPS,
                                                                      save_every=SAVE, segment=segment))(p, x, u, w, e)
             return jnp.sum(f ** 2) + jnp.sum(jnp.cos(saved))
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(ps, x0, u, wind, wrench)
+        return fn
 
-    whole = grads(0)
-    for segment in (1, 5, 7):
-        np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(grads(segment))],
-                                [np.asarray(x) for x in jax.tree_util.tree_leaves(whole)])
+    def grads(segment):
+        grad = jax.grad(loss(segment), argnums=(0, 1, 2, 3, 4))
+        hlo = _targets(grad, ps, x0, u, wind, wrench)
+        return jax.jit(grad)(ps, x0, u, wind, wrench), "quadjax_trail_" in hlo
+
+    kept, trailed = grads(0)
+    assert trailed
+    monkeypatch.setattr(native, "TRAIL_BYTES", 0)
+    cases = [grads(segment) for segment in (0, 1, 5, 7)]
+    monkeypatch.undo()
+    cases.append(grads(5))  # an explicit segment asks for recomputation within the budget too
+    for g, trailed in cases:
+        assert not trailed
+        np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(g)],
+                                [np.asarray(x) for x in jax.tree_util.tree_leaves(kept)])
+
+    def finals(backend):
+        config = qj.SimConfig(backend=backend, substeps=SUBSTEPS)
+        return lambda v: jax.vmap(lambda p, s, u: native.pack_state(
+            qj.simulate(p, s, 0.01, commands=u, config=config).final))(ps, ss.replace(velocity=v), u)[:, :6].ravel()
+
+    jac = jax.jit(jax.jacrev(finals("native")))(ss.velocity)
+    np.testing.assert_allclose(jac, jax.jit(jax.jacrev(finals("xla")))(ss.velocity), rtol=1e-10,
+                               atol=1e-12 * float(np.max(np.abs(jac))))
 
 
 def test_second_derivatives_and_vmap_of_grad():

@@ -5,7 +5,8 @@ library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce
 ``quadjax.rk4_step`` runs in it on the CPU; everything else and every other backend take the
 XLA path, whose numbers it matches to rounding (tests/test_native.py). Its first derivatives
 are native too: ``jax.jvp`` runs a generated tangent kernel, ``jax.grad`` a generated reverse
-sweep (the transpose of the tangent, from checkpoints), each one call for the whole horizon
+sweep (the transpose of the tangent, over the states its forward pass kept, :data:`TRAIL_BYTES`,
+or recomputed from checkpoints), each one call for the whole horizon
 (:data:`rollout_p`, tests/test_native_derivatives.py); second derivatives are XLA's. A run that
 saves its states gets them from the kernel leaf by leaf (:func:`rollout_states`), as the
 engine's QuadState holds them, not as packed rows to split afterwards.
@@ -82,7 +83,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
-from quadjax._components import join_state, split, split_params, split_state
+from quadjax._components import gated_tangents, join_state, split, split_params, split_state
 from quadjax.files import exclusive_lock, is_temporary, write_atomic
 from quadjax.integrators import rk4_step_c
 from quadjax.native.generate import VECTOR_PRELUDE, Layout, generate_kernel
@@ -146,16 +147,20 @@ def kernel_step(params_h, state: QuadState, command, wind, wrench) -> QuadState:
 def tangent_step(P, S, U, Wd, E):
     """The tangent kernel's step: each input is a tuple (primal, tangent 1, ..., tangent k) and so
     is the result, ``jax.jvp`` of :func:`kernel_step` once per tangent (forward mode through the same
-    statement of the physics). The k traces share their primal, which the generator's value
-    numbering emits once: a step pushing k tangents costs one primal and k tangents' arithmetic."""
-    return _pushed(kernel_step, (P, S, U, Wd, E))
+    statement of the physics; an effect's tangents gated as its values are where the parameters are
+    not differentiated: :func:`quadjax._components.gated_tangents`). The k traces share their
+    primal, which the generator's value numbering emits once: a step pushing k tangents costs one
+    primal and k tangents' arithmetic."""
+    with gated_tangents():
+        return _pushed(kernel_step, (P, S, U, Wd, E))
 
 
 def tangent_step_fixed(P, S, U, Wd, E):
     """:func:`tangent_step` with the parameters held fixed: ``P`` a primal alone, its tangent zero.
     What ``jax.jvp`` and ``jax.grad`` with respect to anything but the parameters run (MPC, iLQR,
     state sensitivities): the parameters' derivative terms gone, the step ~25 % shorter."""
-    return _pushed(functools.partial(kernel_step, P), (S, U, Wd, E))
+    with gated_tangents():
+        return _pushed(functools.partial(kernel_step, P), (S, U, Wd, E))
 
 
 def _pushed(fn, args) -> tuple:
@@ -169,7 +174,8 @@ def _swept(step, X, held, C):
     """``C`` = cotangents (state, *held) after ``step(X, *held)``; returns them before it: the
     state's from ``jax.vjp``, the held inputs' accumulated (they are held over substeps and ticks)."""
     ct_state, *acc = C
-    g_state, *g_held = jax.vjp(step, X, *held)[1](ct_state)
+    with gated_tangents():  # an effect switched off costs the adjoint a test where the parameters are fixed
+        g_state, *g_held = jax.vjp(step, X, *held)[1](ct_state)
     return (g_state, *jax.tree_util.tree_map(jnp.add, acc, g_held))
 
 
@@ -341,6 +347,8 @@ def generate_source(dtype: str, rotors: int, kind: str = "forward") -> str:
                                         namespace=f"{name}_a{suffix}", lanes=lanes, reciprocals=True).source]
             targets += [f"QUADJAX_ROLLOUT_TANGENT({_target(dtype, rotors, 'tangent' + suffix)}, {name}_t{suffix});",
                         f"QUADJAX_ADJOINT({_target(dtype, rotors, 'adjoint' + suffix)}, {name}, {name}_a{suffix});"]
+        # jax.grad's forward pass, keeping the trail the sweep reads (the same blocks and lanes)
+        targets.append(f"QUADJAX_TRAIL({_target(dtype, rotors, 'trail')}, {name}, {name}_a_fixed);")
         parts = [*structs, HARNESS.read_text(), "\n".join(targets) + "\n"]
     return "\n".join([VECTOR_PRELUDE, *parts])
 
@@ -480,7 +488,7 @@ def _compile(cxx: str, lib: Path, text: str) -> Path:
 
 
 _TARGETS = {"forward": ("rollout", "leaves", "step"),
-            "derivatives": ("tangent", "adjoint", "tangent_fixed", "adjoint_fixed"),
+            "derivatives": ("tangent", "adjoint", "tangent_fixed", "adjoint_fixed", "trail"),
             "tangents": ("tangents_fixed",)}
 
 
@@ -832,10 +840,13 @@ def _arrays(tangents) -> tuple:
 #
 #   rollout_p  (P, x0, U, Wd, E)                 -> (final, saved)       the forward kernel
 #   tangent_p  (P, x0, U, Wd, E, dP, dx0, ...)   -> (dfinal, dsaved)     linear in the tangents
-#   adjoint_p  (P, x0, U, Wd, E, ct_final, ct_saved) -> cotangents of (P, x0, U, Wd, E)
+#   adjoint_p  (P, x0, U, Wd, E, ct_final, ct_saved[, trail]) -> cotangents of (P, x0, U, Wd, E)
+#   trail_p    (P, x0, U, Wd, E)                 -> (final, saved, trail) the forward, keeping its states
 #
 # rollout_p's JVP is tangent_p; tangent_p's transpose is adjoint_p: so jax.jvp runs the tangent
-# kernel and jax.grad the reverse sweep, each one call for the whole horizon. Second derivatives
+# kernel and jax.grad the reverse sweep, each one call for the whole horizon. Linearised (jax.grad),
+# the primal is trail_p's, and its trail goes through tangent_p (a last argument, unread there) to
+# the sweep, which then runs no forward pass of its own. Second derivatives
 # (the JVPs of tangent_p and adjoint_p) are those of the same rollout on XLA (:func:`_xla`).
 # Without the derivative library (no compiler) the first derivatives are XLA's too.
 
@@ -900,21 +911,49 @@ def _joint_ffi(P, x0, U, Wd, E, dP, dx0, dU, dWd, dE, *, substeps, save_every, r
     return final[..., :NS], saved[..., :NS], final[..., NS:], saved[..., NS:]
 
 
-def _tangent_ffi(*args, **params):
-    """The tangent part of :func:`_joint_ffi`."""
-    return _joint_ffi(*args, **params)[2:]
+def _tangent_ffi(*args, trail=False, **params):
+    """The tangent part of :func:`_joint_ffi` (``trail``: a last argument, the forward pass's trail
+    for the transpose, :func:`_tangent_transpose`; not read here)."""
+    return _joint_ffi(*args[:10], **params)[2:]
 
 
-def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *, substeps, save_every, rotors, segment, params_fixed=False):
+def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *held, substeps, save_every, rotors, segment, params_fixed=False,
+                 trail=False):
     """The reverse sweep: cotangents of (P, x0, U, Wd, E), one row per vehicle of the batch;
-    ``params_fixed``: none for P (width 0), from the adjoint without it (:func:`adjoint_step_fixed`)."""
+    ``params_fixed``: none for P (width 0), from the adjoint without it (:func:`adjoint_step_fixed`).
+    ``trail``: ``held`` is the forward pass's trail (:data:`trail_p`); the sweep reads it where it
+    covers this very batch (not under a ``vmap`` over cotangents alone, say), else recomputes it."""
     batch = _batch((P, x0, U, Wd, E, ct_final, ct_saved), _CORE + (1, 2))
+    whole = batch + (U.shape[-2] * substeps * x0.shape[-1],)
+    kept = held[0] if trail and held[0].shape == whole else jnp.zeros((0,), U.dtype)
     out = [jax.ShapeDtypeStruct(batch + x.shape[x.ndim - c:], U.dtype) for x, c in zip((P, x0, U, Wd, E), _CORE)]
     if params_fixed:
         out[0] = jax.ShapeDtypeStruct(batch + (0,), U.dtype)
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, "adjoint_fixed" if params_fixed else "adjoint"), out)
-    return call(P, x0, U, Wd, E, ct_final, ct_saved, substeps=np.int64(substeps), save_every=np.int64(save_every),
-                segment=np.int64(segment))
+    return call(P, x0, U, Wd, E, ct_final, ct_saved, kept, substeps=np.int64(substeps),
+                save_every=np.int64(save_every), segment=np.int64(segment))
+
+
+#: The most bytes of states that jax.grad's forward pass keeps for its reverse sweep (the state
+#: before every substep of every vehicle: T · substeps · N_S values each). Within it the sweep reads
+#: them and runs no forward pass of its own (a gradient costs a forward pass less); beyond it the
+#: sweep recomputes them from checkpoints, in segments of a few MiB per thread.
+TRAIL_BYTES = 64 << 20
+
+
+def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
+    """rollout_p's (final, saved) and the trail of its states for the reverse sweep
+    (:data:`TRAIL_BYTES`; width 0 where it would exceed that, or where a ``segment`` asks for
+    recomputation: then the forward kernel alone runs)."""
+    batch, (NS, T, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
+    width = T * substeps * NS
+    if segment > 0 or math.prod(batch) * width * np.dtype(U.dtype).itemsize > TRAIL_BYTES:
+        final, saved = _forward_ffi(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
+        return final, saved, jnp.zeros(batch + (0,), U.dtype)
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "trail"), (jax.ShapeDtypeStruct(batch + (NS,), U.dtype),
+                                                                jax.ShapeDtypeStruct(batch + (slots, NS), U.dtype),
+                                                                jax.ShapeDtypeStruct(batch + (width,), U.dtype)))
+    return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
 
 def unpack_params(row: jax.Array, rotors: int) -> tuple:
@@ -922,10 +961,11 @@ def unpack_params(row: jax.Array, rotors: int) -> tuple:
     return _unpack(row, step_example(rotors, np.dtype(row.dtype))["P"])
 
 
-def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0, params_fixed=False, pushed=1):
+def _xla(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0, params_fixed=False, pushed=1, trail=False):
     """rollout_p on XLA: :func:`kernel_step` scanned, one vehicle per row of the broadcast batch
     (the reference for the kernels' derivatives, and their second derivatives; ``params_fixed``
-    changes no value: the parameters' tangent is then zero)."""
+    changes no value: the parameters' tangent is then zero; nor does ``trail``, the forward pass's
+    states, which this recomputes)."""
     args = (P, x0, U, Wd, E)
     batch = _batch(args, _CORE)
     flat = [jnp.reshape(jnp.broadcast_to(x, batch + x.shape[x.ndim - c:]), (-1,) + x.shape[x.ndim - c:])
@@ -1055,6 +1095,8 @@ def _pushed_batch(m, args, dims, **params):
 
 batching.primitive_batchers[joint_p] = _joint_batched
 adjoint_p = _primitive("quadjax_rollout_adjoint", _adjoint_ffi, 5)
+#: rollout_p's forward as jax.grad runs it: (final, saved, trail), the trail for adjoint_p
+trail_p = _primitive("quadjax_rollout_trail", _trail_ffi, 3)
 
 
 def on_gpu() -> bool:
@@ -1095,7 +1137,12 @@ def _joint_partial_eval(trace, *tracers, **params):
     primals = [t.pval.get_known() for t in tracers[:5]]
     if any(x is None for x in primals) or all(t.pval.is_known() for t in tracers[5:]):
         return trace.default_process_primitive(joint_p, tracers, params)
-    return [*rollout_p.bind(*primals, **_forward(params)), *trace.default_process_primitive(tangent_p, tracers, params)]
+    if params.get("pushed", 1) > 1:
+        return [*rollout_p.bind(*primals, **_forward(params)), *trace.default_process_primitive(tangent_p, tracers, params)]
+    # the forward pass keeps its trail (within TRAIL_BYTES) for the transpose's sweep
+    final, saved, trail = trail_p.bind(*primals, **_forward(params))
+    staged = trace.default_process_primitive(tangent_p, (*tracers, trace.new_const(trail)), dict(params, trail=True))
+    return [final, saved, *staged]
 
 
 def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
@@ -1114,28 +1161,29 @@ def _joint_partial_eval_jaxpr(saveable, unknowns, instantiated, eqn):
 
 
 def _tangent_transpose(cts, *args, **params):
-    primals, tangents = args[:5], args[5:]
+    primals, tangents, held = args[:5], args[5:10], args[10:]
     if any(ad.is_undefined_primal(x) for x in primals):
         raise ValueError("quadjax native: the tangent rollout is linear in its tangents only")
     if params.get("params_fixed") and ad.is_undefined_primal(tangents[0]):
         raise ValueError("quadjax native: a tangent rollout with the parameters fixed has no parameters' cotangent")
     outs = jax.eval_shape(functools.partial(_forward_ffi, **_forward(params)), *primals)
     cts = [jnp.zeros(o.shape, o.dtype) if type(ct) is ad.Zero else ct for ct, o in zip(cts, outs)]
-    grads = adjoint_p.bind(*primals, *cts, **params)
+    grads = adjoint_p.bind(*primals, *cts, *held, **params)
     return [None] * 5 + [_sum_to(g, t.aval.shape) if ad.is_undefined_primal(t) else None
-                         for g, t in zip(grads, tangents)]
+                         for g, t in zip(grads, tangents)] + [None] * len(held)
 
 
 def _forward(params: dict) -> dict:
-    """rollout_p's parameters among a derivative primitive's (all but ``params_fixed`` and ``pushed``)."""
-    return {k: v for k, v in params.items() if k not in ("params_fixed", "pushed")}
+    """rollout_p's parameters among a derivative primitive's (all but ``params_fixed``, ``pushed``
+    and ``trail``)."""
+    return {k: v for k, v in params.items() if k not in ("params_fixed", "pushed", "trail")}
 
 
 def _adjoint_xla(xla, args):
     """What adjoint_p computes, on XLA: with the parameters fixed, no parameters' cotangent."""
-    grads = jax.vjp(xla, *args[:5])[1](tuple(args[5:]))
+    grads = jax.vjp(xla, *args[:5])[1](tuple(args[5:7]))  # the trail (args[7], if any) is recomputed
     if xla.keywords.get("params_fixed"):
-        return (jnp.zeros(_batch(args, _CORE + (1, 2)) + (0,), grads[1].dtype), *grads[1:])
+        return (jnp.zeros(_batch(args[:7], _CORE + (1, 2)) + (0,), grads[1].dtype), *grads[1:])
     return grads
 
 
@@ -1164,12 +1212,24 @@ def _joint_xla(xla, a) -> tuple:
 
 
 ad.primitive_jvps[rollout_p] = _rollout_jvp
-ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: _joint_xla(xla, a)[2:])
+ad.primitive_jvps[tangent_p] = _on_xla(lambda xla: lambda *a: _joint_xla(xla, a[:10])[2:])  # a[10]: a trail
 pe.custom_partial_eval_rules[joint_p] = _joint_partial_eval
 pe.partial_eval_jaxpr_custom_rules[joint_p] = _joint_partial_eval_jaxpr
 ad.primitive_jvps[joint_p] = _on_xla(lambda xla: lambda *a: _joint_xla(xla, a))
 ad.primitive_jvps[adjoint_p] = _on_xla(lambda xla: lambda *a: _adjoint_xla(xla, a))
 ad.primitive_transposes[tangent_p] = _tangent_transpose
+
+
+def _trail_jvp(primals, tangents, **params):
+    """trail_p differentiated (a second derivative): rollout_p's derivative, and the trail with a
+    zero tangent, which is every reader's own: tangent_p and adjoint_p differentiate as their XLA
+    forms, which recompute the trail from the primals (:func:`_xla`)."""
+    (final, saved), (d_final, d_saved) = _rollout_jvp(primals, tangents, **params)
+    trail = trail_p.bind(*primals, **params)[2]
+    return (final, saved, trail), (d_final, d_saved, ad.Zero(jax.typeof(trail).to_tangent_aval()))
+
+
+ad.primitive_jvps[trail_p] = _trail_jvp
 
 
 # --------------------------------------------------------------------------- rk4_step on the kernel

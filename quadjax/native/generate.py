@@ -754,6 +754,16 @@ class _Generator:
                 out[at] = x[idx]
         return [(out, d)]
 
+    def p_empty2(self, eqn, ins, avals):
+        """An array of no defined value (``lax.empty``: a transposed cond's branch that has no
+        cotangent for an operand); zeros here, known at generation time."""
+        dtype = np.dtype(avals[0].dtype)
+        out = np.empty(avals[0].shape, object)
+        out.fill(_const(0, dtype))
+        return [(out, dtype)]
+
+    p_empty = p_empty2
+
     def p_concatenate(self, eqn, ins, avals):
         return [(np.concatenate([x for x, _ in ins], axis=eqn.params["dimension"]), np.dtype(avals[0].dtype))]
 

@@ -752,6 +752,9 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
 // accumulated. Per block: a forward pass that keeps the state at the start of each segment of
 // ticks, then, segment by segment from the last, the segment's states recomputed into a trail
 // and swept backwards (a single segment when the whole trail fits: no recomputation).
+// jax.grad's own forward pass may keep the whole trail for the sweep (the same run with `trail_out`:
+// final, saved and trail, the kernel Trail below); the sweep then reads it (`trail_in`) and runs no
+// forward pass of its own: a forward pass fewer per gradient.
 // Results, one row per vehicle of the batch (the caller sums over the dims it broadcast):
 // cotangents of params (..., N_P; (..., 0) from an adjoint with the params fixed), state (..., N_S),
 // commands (..., T, R), wind (..., Tw, 3), wrench (..., Tr, 6).
@@ -778,7 +781,36 @@ struct AdjointJob {
   Broadcast bf, bs;  // the cotangents' rows (a zero cotangent may come unbatched)
   F *g_params, *g_state, *g_commands, *g_wind, *g_wrench;
   int64_t segment;  // ticks per recomputed segment (0: as many as fill kTrailVectors)
+  // a whole trail held by the caller, T * substeps * N_S values per vehicle: written by the forward
+  // pass of jax.grad (Trail: with `final` and `saved`, and no sweep), read by the sweep (nullptr: none)
+  F *trail_out = nullptr, *final_out = nullptr, *saved_out = nullptr;
+  const F* trail_in = nullptr;
 };
+
+// A vehicle's trail in the caller's buffer: the block's vehicles [v0, v0 + count) hold the values
+// [v0 * L, (v0 + count) * L) (L = T * substeps * N_S), state e of the trail (tick * substeps + k) at
+// e * N_S * count, as the block's vectors (lane-interleaved: a full block's are whole-vector stores
+// and loads, the partial last block's lane by lane). Only the sweep of the same batch reads it.
+template <class V, typename F, int W>
+inline void PutTrail(F* at, int count, const V* s, int n) {
+  if (count == W)
+    for (int i = 0; i < n; ++i) StoreWhole(at + i * W, s[i]);
+  else
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < count; ++j) at[i * count + j] = s[i][j];
+}
+template <class V, typename F, int W>
+inline void TakeTrail(V* s, int count, const F* at, int n) {
+  if (count == W)
+    for (int i = 0; i < n; ++i) s[i] = LoadWhole<V>(at + i * W);
+  else
+    for (int i = 0; i < n; ++i) {
+      V v{};
+      for (int j = 0; j < count; ++j) v[j] = at[i * count + j];
+      for (int j = count; j < W; ++j) v[j] = v[0];  // spare lanes repeat lane 0 (finite; discarded)
+      s[i] = v;
+    }
+}
 
 template <class K, class A>
 void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int64_t v0, int count) {
@@ -793,38 +825,76 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   Gather(B.p, f.params, LaneRows<W>(f.bp, lanes.own), NP, NP);
   Gather(B.s, seg0.in, LaneRows<W>(seg0.b, lanes.own), NS, NS);
   K::prologue(B.p, B.H);
-  A::prologue(B.p, B.HA);
+  if (!job.trail_out) A::prologue(B.p, B.HA);
   LoadSeries<K>(f, lanes, 0, true, B.wind, B.ext);  // held series: read once
-  // segments of L ticks: the trail holds L * substeps states
-  const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment > 0 ? job.segment : kTrailVectors / (sub * NS)));
+  // segments of L ticks: the trail holds L * substeps states; a caller's trail is read or written
+  // whole, and only the commands are staged a segment at a time
+  const bool held = job.trail_in || job.trail_out;
+  const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment > 0 && !held ? job.segment : kTrailVectors / (sub * NS)));
   const int64_t segments = (T + L - 1) / L;
-  B.checkpoints.resize(segments * NS);
-  B.trail.resize(std::min(T, L) * sub * NS);
+  const int64_t per = T * sub * NS;  // a vehicle's trail
+  F* trail_out = job.trail_out ? job.trail_out + v0 * per : nullptr;
+  const F* trail_in = job.trail_in ? job.trail_in + v0 * per : nullptr;
+  B.checkpoints.resize(held ? 0 : segments * NS);
+  B.trail.resize(held ? (trail_in ? NS : 0) : std::min(T, L) * sub * NS);
   B.commands.resize(std::min(T, L) * R);
-  B.g_commands.resize(std::min(T, L) * R);
+  B.g_commands.resize(job.trail_out ? 0 : std::min(T, L) * R);
   auto load_inputs = [&](int64_t t, int64_t t0) {  // tick t of the segment staged from t0
     for (int r = 0; r < R; ++r) B.u[r] = B.commands[(t - t0) * R + r];
     LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
   };
-  auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s, t1 - t0 <= L
+  auto stage = [&](int64_t t0, int64_t t1) {
     StageCommands<K>(B.commands.data(), f, lanes, t0, static_cast<int>(t1 - t0));
+  };
+  auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s, t1 - t0 <= L
+    stage(t0, t1);
     if (!keep) std::copy_n(B.s, NS, &B.checkpoints[(t0 / L) * NS]);
     for (int64_t t = t0; t < t1; ++t) {
       load_inputs(t, t0);
       for (int64_t k = 0; k < sub; ++k) {
-        if (keep) std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
+        if (trail_out)
+          PutTrail<V, F, W>(trail_out + (t * sub + k) * NS * count, count, B.s, NS);
+        else if (keep)
+          std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
         K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       }
+      if (trail_out && f.save_every > 0 && (t + 1) % f.save_every == 0)  // Trail's saved states
+        for (int j = 0; j < count; ++j)
+          for (int i = 0; i < NS; ++i) job.saved_out[((v0 + j) * slots + (t + 1) / f.save_every - 1) * NS + i] = B.s[i][j];
     }
   };
-  if (segments > 1)  // the checkpoints (one segment: its trail, below)
+  if (trail_out) {  // jax.grad's forward pass: the trail, final and saved states; no sweep
+    for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), true);
+    for (int j = 0; j < count; ++j)
+      for (int i = 0; i < NS; ++i) job.final_out[(v0 + j) * NS + i] = B.s[i][j];
+    return;
+  }
+  // the state before substep k of tick t (in the segment from t0)
+  auto state_at = [&](int64_t t, int64_t t0, int64_t k) -> V* {
+    if (!trail_in) return &B.trail[((t - t0) * sub + k) * NS];
+    const int64_t e = t * sub + k, stride = NS * count;
+    // the sweep reads the trail backwards, a few hundred bytes per state: the hardware's prefetchers
+    // did not run ahead of it (each state's lines missed, ~8 ns per vehicle-step), so ask for the
+    // state kPrefetch back now
+    constexpr int64_t kPrefetch = 4;
+    if (e >= kPrefetch)
+      for (int64_t b = 0; b < stride * static_cast<int64_t>(sizeof(F)); b += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(trail_in + (e - kPrefetch) * stride) + b);
+    TakeTrail<V, F, W>(B.trail.data(), count, trail_in + e * stride, NS);
+    return B.trail.data();
+  };
+  if (segments > 1 && !held)  // the checkpoints (one segment: its trail, below)
     for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), false);
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
   Gather(B.c, job.ct_final, LaneRows<W>(job.bf, lanes.own), NS, NS);
   for (int64_t seg = segments - 1; seg >= 0; --seg) {
     const int64_t t0 = seg * L, t1 = std::min(T, t0 + L);
-    if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
-    forward(t0, t1, true);
+    if (trail_in) {
+      stage(t0, t1);
+    } else {
+      if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
+      forward(t0, t1, true);
+    }
     for (int64_t t = t1 - 1; t >= t0; --t) {
       if (f.save_every > 0 && (t + 1) % f.save_every == 0) {  // the cotangent of the state saved after tick t
         const int64_t slot = (t + 1) / f.save_every - 1;
@@ -835,7 +905,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
       for (int i = AB::CU; i < AB::CW; ++i) B.c[i] = V{};
       if (f.Tw > 1) for (int i = AB::CW; i < AB::CE; ++i) B.c[i] = V{};
       if (f.Tr > 1) for (int i = AB::CE; i < AB::NC; ++i) B.c[i] = V{};
-      for (int64_t k = sub - 1; k >= 0; --k) A::step(B.HA, B.p, &B.trail[((t - t0) * sub + k) * NS], B.u, B.wind, B.ext, B.c);
+      for (int64_t k = sub - 1; k >= 0; --k) A::step(B.HA, B.p, state_at(t, t0, k), B.u, B.wind, B.ext, B.c);
       for (int r = 0; r < R; ++r) B.g_commands[(t - t0) * R + r] = B.c[AB::CU + r];
       if (f.Tw > 1 || f.Tr > 1)  // per-tick wind and wrench series (rare): lane by lane
         for (int j = 0; j < count; ++j) {
@@ -855,14 +925,40 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   }
 }
 
+// The forward part of an adjoint job (the sweep's and Trail's): the initial state, params, commands,
+// wind and wrench of the batch, substeps and save_every.
+template <class K>
+ffi::Error PrepareSweep(AdjointJob<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<typename K::F>& state,
+                        Buf<typename K::F>& params, Buf<typename K::F>& commands, Buf<typename K::F>& wind,
+                        Buf<typename K::F>& wrench, int64_t substeps, int64_t save_every) {
+  job.fwd.state.push_back({state.typed_data(), nullptr, K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
+                           K::N_S, 1, K::N_S, 1});
+  if (ffi::Error e = Prepare<K>(job.fwd, batch, params, commands, wind, wrench); e.failure()) return e;
+  if (substeps < 1 || save_every < 0 || (save_every > 0 && job.fwd.T % save_every != 0))
+    return ffi::Error::InvalidArgument("quadjax native adjoint: bad substeps or save_every");
+  job.fwd.substeps = substeps;
+  job.fwd.save_every = save_every;
+  return ffi::Error::Success();
+}
+
+// Every block of an adjoint job's n vehicles through AdjointRun.
+template <class K, class A>
+void RunSweep(ffi::ThreadPool& pool, const AdjointJob<typename K::F>& job, int64_t n) {
+  constexpr int W = K::W;
+  Parallel<AdjointBlock<K, A>>(pool, (n + W - 1) / W, n * job.fwd.T * job.fwd.substeps >= (int64_t{1} << 10),
+                               job.fwd.T * job.fwd.substeps, [&](AdjointBlock<K, A>& block, int64_t b) {
+                                 AdjointRun<K, A>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
+                               });
+}
+
 template <class K, class A>
 ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
                    Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
-                   Buf<typename K::F> ct_final, Buf<typename K::F> ct_saved, Out<typename K::F> g_params,
-                   Out<typename K::F> g_state, Out<typename K::F> g_commands, Out<typename K::F> g_wind,
-                   Out<typename K::F> g_wrench, int64_t substeps, int64_t save_every, int64_t segment) {
+                   Buf<typename K::F> ct_final, Buf<typename K::F> ct_saved, Buf<typename K::F> trail,
+                   Out<typename K::F> g_params, Out<typename K::F> g_state, Out<typename K::F> g_commands,
+                   Out<typename K::F> g_wind, Out<typename K::F> g_wrench, int64_t substeps, int64_t save_every,
+                   int64_t segment) {
   using F = typename K::F;
-  constexpr int W = K::W;
   auto gdims = g_state->dimensions();
   if (gdims.size() == 0 || gdims.back() != K::N_S || state.dimensions().back() != K::N_S ||
       ct_final.dimensions().back() != K::N_S || ct_saved.dimensions().back() != K::N_S)
@@ -872,13 +968,8 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   job.bf = Broadcast(batch, ct_final.dimensions(), 1);
   job.bs = Broadcast(batch, ct_saved.dimensions(), 2);
   if (!job.bf.ok || !job.bs.ok) return ffi::Error::InvalidArgument("quadjax native adjoint: cotangent shapes do not broadcast");
-  job.fwd.state.push_back({state.typed_data(), nullptr, K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
-                           K::N_S, 1, K::N_S, 1});
-  if (ffi::Error e = Prepare<K>(job.fwd, batch, params, commands, wind, wrench); e.failure()) return e;
-  if (substeps < 1 || save_every < 0 || (save_every > 0 && job.fwd.T % save_every != 0))
-    return ffi::Error::InvalidArgument("quadjax native adjoint: bad substeps or save_every");
-  job.fwd.substeps = substeps;
-  job.fwd.save_every = save_every;
+  if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every); e.failure())
+    return e;
   job.segment = segment;
   job.ct_final = ct_final.typed_data();
   job.ct_saved = ct_saved.typed_data();
@@ -889,6 +980,11 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   job.g_wrench = g_wrench->typed_data();
   HugePages(job.g_commands, static_cast<size_t>(g_commands->element_count()) * sizeof(F));
   const int64_t n = Count(batch);
+  if (trail.element_count() > 0) {  // the forward pass's trail (Trail), of this very batch
+    if (trail.element_count() != n * job.fwd.T * substeps * K::N_S)
+      return ffi::Error::InvalidArgument("quadjax native adjoint: a trail of another batch or horizon");
+    job.trail_in = trail.typed_data();
+  }
   if (job.fwd.T == 0) {  // no ticks: the state's cotangent passes through, nothing else has one
     for (int64_t v = 0; v < n; ++v) std::copy_n(job.ct_final + job.bf.row(v) * K::N_S, K::N_S, job.g_state + v * K::N_S);
     std::fill_n(job.g_params, n * AdjointBlock<K, A>::NPC, F{});
@@ -896,10 +992,38 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
     std::fill_n(job.g_wrench, g_wrench->element_count(), F{});
     return ffi::Error::Success();
   }
-  Parallel<AdjointBlock<K, A>>(pool, (n + W - 1) / W, n * job.fwd.T * substeps >= (int64_t{1} << 10), job.fwd.T * substeps,
-                               [&](AdjointBlock<K, A>& block, int64_t b) {
-                                 AdjointRun<K, A>(block, job, b * W, static_cast<int>(std::min<int64_t>(W, n - b * W)));
-                               });
+  RunSweep<K, A>(pool, job, n);
+  return ffi::Error::Success();
+}
+
+// jax.grad's forward pass: the rollout's final and saved states, and the trail its sweep reads
+// (AdjointJob::trail_out; a trail of width 0: none, and the sweep recomputes it).
+template <class K, class A>
+ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
+                 Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
+                 Out<typename K::F> final, Out<typename K::F> saved, Out<typename K::F> trail, int64_t substeps,
+                 int64_t save_every) {
+  using F = typename K::F;
+  auto fdims = final->dimensions();
+  if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
+    return ffi::Error::InvalidArgument("quadjax native trail: bad state width");
+  ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
+  AdjointJob<F> job{};
+  if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every); e.failure())
+    return e;
+  const int64_t n = Count(batch);
+  if (trail->element_count() != n * job.fwd.T * substeps * K::N_S)
+    return ffi::Error::InvalidArgument("quadjax native trail: a trail of another size");
+  job.trail_out = trail->typed_data();
+  job.final_out = final->typed_data();
+  job.saved_out = saved->typed_data();
+  if (job.fwd.T == 0) {
+    for (int64_t v = 0; v < n; ++v)
+      std::copy_n(state.typed_data() + job.fwd.state[0].b.row(v) * K::N_S, K::N_S, job.final_out + v * K::N_S);
+    return ffi::Error::Success();
+  }
+  HugePages(job.trail_out, static_cast<size_t>(trail->element_count()) * sizeof(F));
+  RunSweep<K, A>(pool, job, n);
   return ffi::Error::Success();
 }
 
@@ -950,8 +1074,12 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
                                     .Ctx<ffi::ThreadPool>()                                            \
                                     .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>()                \
                                     .Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>().Arg<QJ_BUF(K)>() \
+                                    .Arg<QJ_BUF(K)>()                                                  \
                                     .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                \
                                     .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()                                 \
                                     .Attr<int64_t>("substeps")                                         \
                                     .Attr<int64_t>("save_every")                                       \
                                     .Attr<int64_t>("segment"))
+#define QUADJAX_TRAIL(NAME, K, A)                                                                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Trail<K, A>),                                                   \
+                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()))
