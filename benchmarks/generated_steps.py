@@ -9,9 +9,9 @@ without the parameters' terms), compiled with the kernel's flags into one driver
 ``--ticks`` steps of one block of W vehicles in vector lanes (RP-1 at hover, commands 1.01x
 hover), fastest of ``--repeats``; one thread. Ratios are to the forward step of the same run.
 
-The reverse sweep's floor follows from two rows: ``jax.grad`` of a rollout runs the primal
-rollout (1 forward), the adjoint's own forward pass that fills its trail ("forward, keeping the
-trail"), and one adjoint step per tick.
+The reverse sweep's floor follows from two rows: ``jax.grad`` of a rollout runs a forward pass
+that keeps the trail of states for the sweep ("forward, keeping the trail"; within
+``native.TRAIL_BYTES``), then one adjoint step per tick.
 
 ``split adjoint`` is an experiment kept here because its answer decides a design: the adjoint
 step cut, by data flow, into a forward part that writes its residuals (every value the backward

@@ -192,13 +192,14 @@ def test_gradient_equals_central_finite_differences():
 
 
 def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(monkeypatch):
-    """jax.grad's forward pass keeps the trail of states for the reverse sweep (quadjax_trail_,
-    within native.TRAIL_BYTES), which then runs no forward pass of its own. Beyond the budget the
-    sweep recomputes it, the whole horizon at once or in segments of 1, 5 or 7 ticks from
-    checkpoints (the memory bound, with a last segment shorter than the others): every way gives
-    the same bits (the same operations in the same order). A vmap over cotangents alone
-    (jax.jacrev) meets a trail of another batch and recomputes: XLA's Jacobian. 20 vehicles: whole
-    blocks of lanes and a part of one, which the trail holds each its own way."""
+    """jax.grad's forward pass (quadjax_trail_) keeps what the reverse sweep reads: within
+    native.TRAIL_BYTES the whole trail of states, so that the sweep runs no forward pass of its own;
+    beyond it, or for an explicit segment, the checkpoints at the segments' starts, from which the
+    sweep recomputes the whole horizon at once or segments of 1, 5 or 7 ticks (the memory bound,
+    with a last segment shorter than the others). A vmap over cotangents alone (jax.jacrev) meets
+    a trail of another batch, and the sweep runs its own forward pass. Every way gives the same bits
+    (the same operations in the same order), and the Jacobian is XLA's. 20 vehicles: whole blocks of
+    lanes and a part of one, which the kept values hold each their own way."""
     ps, ss, u, wind, wrench, dts = jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * 4), _fleet("float64"))
     x0 = native.pack_state(ss)
 
@@ -212,16 +213,22 @@ def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(
     def grads(segment):
         grad = jax.grad(loss(segment), argnums=(0, 1, 2, 3, 4))
         hlo = _targets(grad, ps, x0, u, wind, wrench)
-        return jax.jit(grad)(ps, x0, u, wind, wrench), "quadjax_trail_" in hlo
+        assert "quadjax_trail_" in hlo
+        # the trail's width in the program: the whole trail's, or the checkpoints'
+        widths = {int(w) for w in re.findall(r"tensor<20x(\d+)xf64>", hlo)}
+        return jax.jit(grad)(ps, x0, u, wind, wrench), widths
 
-    kept, trailed = grads(0)
-    assert trailed
+    NS, whole = x0.shape[-1], T * SUBSTEPS * x0.shape[-1]
+    kept, widths = grads(0)
+    assert whole in widths
     monkeypatch.setattr(native, "TRAIL_BYTES", 0)
-    cases = [grads(segment) for segment in (0, 1, 5, 7)]
+    cases = [(grads(0), NS)]  # beyond the budget, one segment: the checkpoint is the initial state
+    monkeypatch.setattr(native, "TRAIL_VECTORS", 5 * SUBSTEPS * NS)  # segments of 5 ticks by default
+    cases.append((grads(0), -(-T // 5) * NS))
     monkeypatch.undo()
-    cases.append(grads(5))  # an explicit segment asks for recomputation within the budget too
-    for g, trailed in cases:
-        assert not trailed
+    cases += [(grads(segment), -(-T // segment) * NS) for segment in (1, 5, 7)]  # within the budget too
+    for (g, widths), width in cases:
+        assert width in widths and (whole not in widths or width == whole)
         np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(g)],
                                 [np.asarray(x) for x in jax.tree_util.tree_leaves(kept)])
 

@@ -204,7 +204,7 @@ def test_operation_count_is_the_same_for_every_state(p64, monkeypatch):
     # its only conds are the effects' gates, which the parameters decide, not the state: without
     # them there is none (ground contact is a select: both arms computed)
     assert c["cond"] > 0
-    monkeypatch.setattr(quadjax.quadrotor, "gated", lambda on, term, off, *args: term(*args))
+    monkeypatch.setattr(quadjax.quadrotor, "gated", lambda on, term, off, *args, **_: term(*args))
     ungated = opcount.operation_count(p64, *_cases(p64)[0], DT)
     assert "cond" not in ungated and ungated["arithmetic"] > c["arithmetic"]
 

@@ -6,7 +6,7 @@ library's RK4 stepper with 4, 6 or 8 rotors, float32 or float64, and no ``reduce
 XLA path, whose numbers it matches to rounding (tests/test_native.py). Its first derivatives
 are native too: ``jax.jvp`` runs a generated tangent kernel, ``jax.grad`` a generated reverse
 sweep (the transpose of the tangent, over the states its forward pass kept, :data:`TRAIL_BYTES`,
-or recomputed from checkpoints), each one call for the whole horizon
+or recomputed from the checkpoints it kept), each one call for the whole horizon
 (:data:`rollout_p`, tests/test_native_derivatives.py); second derivatives are XLA's. A run that
 saves its states gets them from the kernel leaf by leaf (:func:`rollout_states`), as the
 engine's QuadState holds them, not as packed rows to split afterwards.
@@ -763,8 +763,9 @@ def rollout(params: QuadParams, x0, commands, dt, wind, wrench, *, substeps: int
     (``saved`` None for ``save_every=0``). Differentiable in every input (``jax.jvp``,
     ``jax.grad``, under ``jax.vmap``, any order): the first derivatives run in the native
     tangent and adjoint kernels (:data:`rollout_p`), higher ones on XLA. ``segment``: ticks
-    per segment that the reverse sweep recomputes from a checkpoint (0: as many as fill 2 MiB of
-    states per thread, the whole horizon when it fits).
+    per segment that the reverse sweep recomputes from a checkpoint that the forward pass kept
+    (0: none recomputed while the whole trail fits :data:`TRAIL_BYTES`, else as many ticks as fill
+    :data:`TRAIL_VECTORS`).
     """
     P, wind, wrench = _rows(params, commands, dt, substeps, wind, wrench)
     final, saved = rollout_p.bind(P, x0, commands, wind, wrench, substeps=int(substeps), save_every=int(save_every),
@@ -841,12 +842,13 @@ def _arrays(tangents) -> tuple:
 #   rollout_p  (P, x0, U, Wd, E)                 -> (final, saved)       the forward kernel
 #   tangent_p  (P, x0, U, Wd, E, dP, dx0, ...)   -> (dfinal, dsaved)     linear in the tangents
 #   adjoint_p  (P, x0, U, Wd, E, ct_final, ct_saved[, trail]) -> cotangents of (P, x0, U, Wd, E)
-#   trail_p    (P, x0, U, Wd, E)                 -> (final, saved, trail) the forward, keeping its states
+#   trail_p    (P, x0, U, Wd, E)                 -> (final, saved, trail) the forward, keeping states
 #
 # rollout_p's JVP is tangent_p; tangent_p's transpose is adjoint_p: so jax.jvp runs the tangent
 # kernel and jax.grad the reverse sweep, each one call for the whole horizon. Linearised (jax.grad),
-# the primal is trail_p's, and its trail goes through tangent_p (a last argument, unread there) to
-# the sweep, which then runs no forward pass of its own. Second derivatives
+# the primal is trail_p's, and what it kept (the whole trail, or the checkpoints beyond TRAIL_BYTES)
+# goes through tangent_p (a last argument, unread there) to the sweep, which then runs no forward
+# pass of its own beyond recomputing segments. Second derivatives
 # (the JVPs of tangent_p and adjoint_p) are those of the same rollout on XLA (:func:`_xla`).
 # Without the derivative library (no compiler) the first derivatives are XLA's too.
 
@@ -921,39 +923,49 @@ def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *held, substeps, save_ever
                  trail=False):
     """The reverse sweep: cotangents of (P, x0, U, Wd, E), one row per vehicle of the batch;
     ``params_fixed``: none for P (width 0), from the adjoint without it (:func:`adjoint_step_fixed`).
-    ``trail``: ``held`` is the forward pass's trail (:data:`trail_p`); the sweep reads it where it
-    covers this very batch (not under a ``vmap`` over cotangents alone, say), else recomputes it."""
+    ``trail``: ``held`` is what the forward pass kept (:data:`trail_p`), the whole trail or the
+    checkpoints; the sweep reads it where it covers this very batch (not under a ``vmap`` over
+    cotangents alone, say), else runs a forward pass of its own."""
     batch = _batch((P, x0, U, Wd, E, ct_final, ct_saved), _CORE + (1, 2))
-    whole = batch + (U.shape[-2] * substeps * x0.shape[-1],)
-    kept = held[0] if trail and held[0].shape == whole else jnp.zeros((0,), U.dtype)
+    (NS, T, _), L = _sizes(x0, U, save_every), _segment(segment, U.shape[-2], substeps, x0.shape[-1])
+    widths = (T * substeps * NS, -(-T // L) * NS)  # the whole trail, the checkpoints
+    kept = held[0] if trail and held[0].shape[:-1] == batch and held[0].shape[-1] in widths else jnp.zeros((0,), U.dtype)
     out = [jax.ShapeDtypeStruct(batch + x.shape[x.ndim - c:], U.dtype) for x, c in zip((P, x0, U, Wd, E), _CORE)]
     if params_fixed:
         out[0] = jax.ShapeDtypeStruct(batch + (0,), U.dtype)
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, "adjoint_fixed" if params_fixed else "adjoint"), out)
     return call(P, x0, U, Wd, E, ct_final, ct_saved, kept, substeps=np.int64(substeps),
-                save_every=np.int64(save_every), segment=np.int64(segment))
+                save_every=np.int64(save_every), segment=np.int64(L))
 
 
-#: The most bytes of states that jax.grad's forward pass keeps for its reverse sweep (the state
-#: before every substep of every vehicle: T · substeps · N_S values each). Within it the sweep reads
-#: them and runs no forward pass of its own (a gradient costs a forward pass less); beyond it the
-#: sweep recomputes them from checkpoints, in segments of a few MiB per thread.
+#: The most bytes of states that jax.grad's forward pass keeps for its reverse sweep: the state
+#: before every substep of every vehicle, T · substeps · N_S values each. Within it the sweep reads
+#: them and runs no forward pass of its own; beyond it the forward keeps the checkpoints (the state
+#: at each segment's start) and the sweep recomputes each segment from its own.
 TRAIL_BYTES = 64 << 20
+#: The reverse sweep's recomputed trail per thread, in vectors of the kernel's width (2 MiB of AVX2
+#: vectors, 4 MiB of AVX-512 ones): the ticks per segment where the caller gives none.
+TRAIL_VECTORS = 1 << 16
+
+
+def _segment(segment: int, T: int, substeps: int, NS: int) -> int:
+    """Ticks per segment of the reverse sweep: ``segment``, or as many as :data:`TRAIL_VECTORS`
+    holds; within [1, T]."""
+    return max(1, min(T, segment if segment > 0 else TRAIL_VECTORS // (substeps * NS)))
 
 
 def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
-    """rollout_p's (final, saved) and the trail of its states for the reverse sweep
-    (:data:`TRAIL_BYTES`; width 0 where it would exceed that, or where a ``segment`` asks for
-    recomputation: then the forward kernel alone runs)."""
+    """rollout_p's (final, saved) and what the reverse sweep reads: the whole trail of states
+    (``segment`` 0 and within :data:`TRAIL_BYTES`), else the checkpoints at its segments' starts."""
     batch, (NS, T, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
+    L = _segment(segment, T, substeps, NS)
     width = T * substeps * NS
     if segment > 0 or math.prod(batch) * width * np.dtype(U.dtype).itemsize > TRAIL_BYTES:
-        final, saved = _forward_ffi(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
-        return final, saved, jnp.zeros(batch + (0,), U.dtype)
+        width = -(-T // L) * NS
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, "trail"), (jax.ShapeDtypeStruct(batch + (NS,), U.dtype),
                                                                 jax.ShapeDtypeStruct(batch + (slots, NS), U.dtype),
                                                                 jax.ShapeDtypeStruct(batch + (width,), U.dtype)))
-    return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
+    return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every), segment=np.int64(L))
 
 
 def unpack_params(row: jax.Array, rotors: int) -> tuple:
@@ -1095,7 +1107,7 @@ def _pushed_batch(m, args, dims, **params):
 
 batching.primitive_batchers[joint_p] = _joint_batched
 adjoint_p = _primitive("quadjax_rollout_adjoint", _adjoint_ffi, 5)
-#: rollout_p's forward as jax.grad runs it: (final, saved, trail), the trail for adjoint_p
+#: rollout_p's forward as jax.grad runs it: (final, saved, kept), what adjoint_p reads kept
 trail_p = _primitive("quadjax_rollout_trail", _trail_ffi, 3)
 
 
@@ -1139,7 +1151,7 @@ def _joint_partial_eval(trace, *tracers, **params):
         return trace.default_process_primitive(joint_p, tracers, params)
     if params.get("pushed", 1) > 1:
         return [*rollout_p.bind(*primals, **_forward(params)), *trace.default_process_primitive(tangent_p, tracers, params)]
-    # the forward pass keeps its trail (within TRAIL_BYTES) for the transpose's sweep
+    # the forward pass keeps its trail (within TRAIL_BYTES; else the checkpoints) for the transpose's sweep
     final, saved, trail = trail_p.bind(*primals, **_forward(params))
     staged = trace.default_process_primitive(tangent_p, (*tracers, trace.new_const(trail)), dict(params, trail=True))
     return [final, saved, *staged]

@@ -752,14 +752,13 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
 // accumulated. Per block: a forward pass that keeps the state at the start of each segment of
 // ticks, then, segment by segment from the last, the segment's states recomputed into a trail
 // and swept backwards (a single segment when the whole trail fits: no recomputation).
-// jax.grad's own forward pass may keep the whole trail for the sweep (the same run with `trail_out`:
-// final, saved and trail, the kernel Trail below); the sweep then reads it (`trail_in`) and runs no
-// forward pass of its own: a forward pass fewer per gradient.
+// jax.grad's own forward pass keeps for the sweep either the whole trail or the checkpoints (the same
+// run with `kept_out`: final, saved and what it keeps, the kernel Trail below); the sweep then reads
+// them (`kept_in`) and runs no forward pass of its own beyond recomputing segments: a forward pass
+// fewer per gradient. The segments' length comes from the caller (quadjax.native.TRAIL_VECTORS).
 // Results, one row per vehicle of the batch (the caller sums over the dims it broadcast):
 // cotangents of params (..., N_P; (..., 0) from an adjoint with the params fixed), state (..., N_S),
 // commands (..., T, R), wind (..., Tw, 3), wrench (..., Tr, 6).
-
-constexpr int64_t kTrailVectors = int64_t{1} << 16;  // per thread: 2 MiB of AVX2 vectors, 4 MiB of AVX-512
 
 template <class K, class A>
 struct AdjointBlock {
@@ -780,12 +779,26 @@ struct AdjointJob {
   const F *ct_final, *ct_saved;
   Broadcast bf, bs;  // the cotangents' rows (a zero cotangent may come unbatched)
   F *g_params, *g_state, *g_commands, *g_wind, *g_wrench;
-  int64_t segment;  // ticks per recomputed segment (0: as many as fill kTrailVectors)
-  // a whole trail held by the caller, T * substeps * N_S values per vehicle: written by the forward
-  // pass of jax.grad (Trail: with `final` and `saved`, and no sweep), read by the sweep (nullptr: none)
-  F *trail_out = nullptr, *final_out = nullptr, *saved_out = nullptr;
-  const F* trail_in = nullptr;
+  int64_t segment;  // ticks per recomputed segment (> 0)
+  // what jax.grad's forward pass keeps for the sweep, in a caller's buffer: written by Trail (with
+  // `final` and `saved`, and no sweep), read by the sweep (nullptr: none; it runs its own forward
+  // pass). `whole`: the whole trail, T * substeps * N_S values per vehicle; else the checkpoints,
+  // the state at each segment's start, segments * N_S.
+  F *kept_out = nullptr, *final_out = nullptr, *saved_out = nullptr;
+  const F* kept_in = nullptr;
+  bool whole = false;
 };
+
+// What a kept buffer of `size` values over n vehicles holds: 1 the whole trail, 0 the checkpoints,
+// -1 neither (the trail first: with one tick per segment and one substep the two are the same).
+template <typename F>
+int KeptKind(const AdjointJob<F>& job, int64_t n, int64_t size) {
+  const Job<F>& f = job.fwd;
+  const int64_t L = std::max<int64_t>(1, std::min<int64_t>(f.T, job.segment));
+  if (size == n * f.T * f.substeps * f.state[0].width) return 1;
+  if (size == n * ((f.T + L - 1) / L) * f.state[0].width) return 0;
+  return -1;
+}
 
 // A vehicle's trail in the caller's buffer: the block's vehicles [v0, v0 + count) hold the values
 // [v0 * L, (v0 + count) * L) (L = T * substeps * N_S), state e of the trail (tick * substeps + k) at
@@ -825,20 +838,20 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   Gather(B.p, f.params, LaneRows<W>(f.bp, lanes.own), NP, NP);
   Gather(B.s, seg0.in, LaneRows<W>(seg0.b, lanes.own), NS, NS);
   K::prologue(B.p, B.H);
-  if (!job.trail_out) A::prologue(B.p, B.HA);
+  if (!job.kept_out) A::prologue(B.p, B.HA);
   LoadSeries<K>(f, lanes, 0, true, B.wind, B.ext);  // held series: read once
-  // segments of L ticks: the trail holds L * substeps states; a caller's trail is read or written
-  // whole, and only the commands are staged a segment at a time
-  const bool held = job.trail_in || job.trail_out;
-  const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment > 0 && !held ? job.segment : kTrailVectors / (sub * NS)));
+  // segments of L ticks: the trail holds L * substeps states, the commands are staged a segment at
+  // a time; a kept whole trail is written or read in place
+  const int64_t L = std::max<int64_t>(1, std::min<int64_t>(T, job.segment));
   const int64_t segments = (T + L - 1) / L;
-  const int64_t per = T * sub * NS;  // a vehicle's trail
-  F* trail_out = job.trail_out ? job.trail_out + v0 * per : nullptr;
-  const F* trail_in = job.trail_in ? job.trail_in + v0 * per : nullptr;
-  B.checkpoints.resize(held ? 0 : segments * NS);
-  B.trail.resize(held ? (trail_in ? NS : 0) : std::min(T, L) * sub * NS);
+  const int64_t per = job.whole ? T * sub * NS : segments * NS;  // a vehicle's kept values
+  F* out = job.kept_out ? job.kept_out + v0 * per : nullptr;
+  const F* in = job.kept_in ? job.kept_in + v0 * per : nullptr;
+  const bool trail_in = in && job.whole;
+  B.checkpoints.resize(in || out ? 0 : segments * NS);
+  B.trail.resize(out ? 0 : trail_in ? NS : std::min(T, L) * sub * NS);
   B.commands.resize(std::min(T, L) * R);
-  B.g_commands.resize(job.trail_out ? 0 : std::min(T, L) * R);
+  B.g_commands.resize(out ? 0 : std::min(T, L) * R);
   auto load_inputs = [&](int64_t t, int64_t t0) {  // tick t of the segment staged from t0
     for (int r = 0; r < R; ++r) B.u[r] = B.commands[(t - t0) * R + r];
     LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
@@ -848,23 +861,26 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   };
   auto forward = [&](int64_t t0, int64_t t1, bool keep) {  // ticks [t0, t1) from B.s, t1 - t0 <= L
     stage(t0, t1);
-    if (!keep) std::copy_n(B.s, NS, &B.checkpoints[(t0 / L) * NS]);
+    if (!keep && out)
+      PutTrail<V, F, W>(out + (t0 / L) * NS * count, count, B.s, NS);
+    else if (!keep)
+      std::copy_n(B.s, NS, &B.checkpoints[(t0 / L) * NS]);
     for (int64_t t = t0; t < t1; ++t) {
       load_inputs(t, t0);
       for (int64_t k = 0; k < sub; ++k) {
-        if (trail_out)
-          PutTrail<V, F, W>(trail_out + (t * sub + k) * NS * count, count, B.s, NS);
+        if (keep && out)
+          PutTrail<V, F, W>(out + (t * sub + k) * NS * count, count, B.s, NS);
         else if (keep)
           std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
         K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       }
-      if (trail_out && f.save_every > 0 && (t + 1) % f.save_every == 0)  // Trail's saved states
+      if (out && f.save_every > 0 && (t + 1) % f.save_every == 0)  // Trail's saved states
         for (int j = 0; j < count; ++j)
           for (int i = 0; i < NS; ++i) job.saved_out[((v0 + j) * slots + (t + 1) / f.save_every - 1) * NS + i] = B.s[i][j];
     }
   };
-  if (trail_out) {  // jax.grad's forward pass: the trail, final and saved states; no sweep
-    for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), true);
+  if (out) {  // jax.grad's forward pass: what it keeps, the final and saved states; no sweep
+    for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), job.whole);
     for (int j = 0; j < count; ++j)
       for (int i = 0; i < NS; ++i) job.final_out[(v0 + j) * NS + i] = B.s[i][j];
     return;
@@ -873,17 +889,18 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   auto state_at = [&](int64_t t, int64_t t0, int64_t k) -> V* {
     if (!trail_in) return &B.trail[((t - t0) * sub + k) * NS];
     const int64_t e = t * sub + k, stride = NS * count;
+    const F* trail = in;
     // the sweep reads the trail backwards, a few hundred bytes per state: the hardware's prefetchers
     // did not run ahead of it (each state's lines missed, ~8 ns per vehicle-step), so ask for the
     // state kPrefetch back now
     constexpr int64_t kPrefetch = 4;
     if (e >= kPrefetch)
       for (int64_t b = 0; b < stride * static_cast<int64_t>(sizeof(F)); b += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(trail_in + (e - kPrefetch) * stride) + b);
-    TakeTrail<V, F, W>(B.trail.data(), count, trail_in + e * stride, NS);
+        __builtin_prefetch(reinterpret_cast<const char*>(trail + (e - kPrefetch) * stride) + b);
+    TakeTrail<V, F, W>(B.trail.data(), count, trail + e * stride, NS);
     return B.trail.data();
   };
-  if (segments > 1 && !held)  // the checkpoints (one segment: its trail, below)
+  if (segments > 1 && !in)  // the checkpoints (one segment: its trail, below)
     for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), false);
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
   Gather(B.c, job.ct_final, LaneRows<W>(job.bf, lanes.own), NS, NS);
@@ -892,7 +909,10 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
     if (trail_in) {
       stage(t0, t1);
     } else {
-      if (segments > 1) std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
+      if (in)
+        TakeTrail<V, F, W>(B.s, count, in + seg * NS * count, NS);
+      else if (segments > 1)
+        std::copy_n(&B.checkpoints[seg * NS], NS, B.s);
       forward(t0, t1, true);
     }
     for (int64_t t = t1 - 1; t >= t0; --t) {
@@ -930,14 +950,15 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
 template <class K>
 ffi::Error PrepareSweep(AdjointJob<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<typename K::F>& state,
                         Buf<typename K::F>& params, Buf<typename K::F>& commands, Buf<typename K::F>& wind,
-                        Buf<typename K::F>& wrench, int64_t substeps, int64_t save_every) {
+                        Buf<typename K::F>& wrench, int64_t substeps, int64_t save_every, int64_t segment) {
   job.fwd.state.push_back({state.typed_data(), nullptr, K::N_S, 0, Broadcast(batch, state.dimensions(), 1),
                            K::N_S, 1, K::N_S, 1});
   if (ffi::Error e = Prepare<K>(job.fwd, batch, params, commands, wind, wrench); e.failure()) return e;
-  if (substeps < 1 || save_every < 0 || (save_every > 0 && job.fwd.T % save_every != 0))
-    return ffi::Error::InvalidArgument("quadjax native adjoint: bad substeps or save_every");
+  if (substeps < 1 || save_every < 0 || (save_every > 0 && job.fwd.T % save_every != 0) || segment < 1)
+    return ffi::Error::InvalidArgument("quadjax native adjoint: bad substeps, save_every or segment");
   job.fwd.substeps = substeps;
   job.fwd.save_every = save_every;
+  job.segment = segment;
   return ffi::Error::Success();
 }
 
@@ -968,9 +989,9 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   job.bf = Broadcast(batch, ct_final.dimensions(), 1);
   job.bs = Broadcast(batch, ct_saved.dimensions(), 2);
   if (!job.bf.ok || !job.bs.ok) return ffi::Error::InvalidArgument("quadjax native adjoint: cotangent shapes do not broadcast");
-  if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every); e.failure())
+  if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every, segment);
+      e.failure())
     return e;
-  job.segment = segment;
   job.ct_final = ct_final.typed_data();
   job.ct_saved = ct_saved.typed_data();
   job.g_params = g_params->typed_data();
@@ -980,10 +1001,11 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   job.g_wrench = g_wrench->typed_data();
   HugePages(job.g_commands, static_cast<size_t>(g_commands->element_count()) * sizeof(F));
   const int64_t n = Count(batch);
-  if (trail.element_count() > 0) {  // the forward pass's trail (Trail), of this very batch
-    if (trail.element_count() != n * job.fwd.T * substeps * K::N_S)
-      return ffi::Error::InvalidArgument("quadjax native adjoint: a trail of another batch or horizon");
-    job.trail_in = trail.typed_data();
+  if (trail.element_count() > 0) {  // what the forward pass kept (Trail), for this very batch
+    const int kind = KeptKind(job, n, trail.element_count());
+    if (kind < 0) return ffi::Error::InvalidArgument("quadjax native adjoint: a trail of another batch or horizon");
+    job.kept_in = trail.typed_data();
+    job.whole = kind == 1;
   }
   if (job.fwd.T == 0) {  // no ticks: the state's cotangent passes through, nothing else has one
     for (int64_t v = 0; v < n; ++v) std::copy_n(job.ct_final + job.bf.row(v) * K::N_S, K::N_S, job.g_state + v * K::N_S);
@@ -996,25 +1018,27 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   return ffi::Error::Success();
 }
 
-// jax.grad's forward pass: the rollout's final and saved states, and the trail its sweep reads
-// (AdjointJob::trail_out; a trail of width 0: none, and the sweep recomputes it).
+// jax.grad's forward pass: the rollout's final and saved states, and what its sweep reads: the
+// whole trail or the checkpoints of segments of `segment` ticks, as the result's size says.
 template <class K, class A>
 ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
                  Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
                  Out<typename K::F> final, Out<typename K::F> saved, Out<typename K::F> trail, int64_t substeps,
-                 int64_t save_every) {
+                 int64_t save_every, int64_t segment) {
   using F = typename K::F;
   auto fdims = final->dimensions();
   if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
     return ffi::Error::InvalidArgument("quadjax native trail: bad state width");
   ffi::Span<const int64_t> batch(fdims.begin(), fdims.size() - 1);
   AdjointJob<F> job{};
-  if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every); e.failure())
+  if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every, segment);
+      e.failure())
     return e;
   const int64_t n = Count(batch);
-  if (trail->element_count() != n * job.fwd.T * substeps * K::N_S)
-    return ffi::Error::InvalidArgument("quadjax native trail: a trail of another size");
-  job.trail_out = trail->typed_data();
+  const int kind = KeptKind(job, n, trail->element_count());
+  if (kind < 0) return ffi::Error::InvalidArgument("quadjax native trail: a result of neither the trail's size nor the checkpoints'");
+  job.kept_out = trail->typed_data();
+  job.whole = kind == 1;
   job.final_out = final->typed_data();
   job.saved_out = saved->typed_data();
   if (job.fwd.T == 0) {
@@ -1022,7 +1046,7 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
       std::copy_n(state.typed_data() + job.fwd.state[0].b.row(v) * K::N_S, K::N_S, job.final_out + v * K::N_S);
     return ffi::Error::Success();
   }
-  HugePages(job.trail_out, static_cast<size_t>(trail->element_count()) * sizeof(F));
+  HugePages(job.kept_out, static_cast<size_t>(trail->element_count()) * sizeof(F));
   RunSweep<K, A>(pool, job, n);
   return ffi::Error::Success();
 }
@@ -1082,4 +1106,5 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
                                     .Attr<int64_t>("segment"))
 #define QUADJAX_TRAIL(NAME, K, A)                                                                      \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Trail<K, A>),                                                   \
-                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()))
+                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()) \
+                                    .Attr<int64_t>("segment"))
