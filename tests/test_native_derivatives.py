@@ -197,26 +197,26 @@ def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(
     beyond it, or for an explicit segment, the checkpoints at the segments' starts, from which the
     sweep recomputes the whole horizon at once or segments of 1, 5 or 7 ticks (the memory bound,
     with a last segment shorter than the others). A vmap over cotangents alone (jax.jacrev) meets
-    a trail of another batch, and the sweep runs its own forward pass. Every way gives the same bits
-    (the same operations in the same order), and the Jacobian is XLA's. 20 vehicles: whole blocks of
-    lanes and a part of one, which the kept values hold each their own way."""
+    a trail of another batch, and the sweep runs its own forward pass; so does the sweep of a rollout
+    that saves states, whose forward pass keeps nothing. Every way gives the same bits (the same
+    operations in the same order), and the Jacobian is XLA's. 20 vehicles: whole blocks of lanes and
+    a part of one, which the kept values hold each their own way."""
     ps, ss, u, wind, wrench, dts = jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * 4), _fleet("float64"))
     x0 = native.pack_state(ss)
 
-    def loss(segment):
+    def loss(segment, save_every=0):
         def fn(p, x, u, w, e):
-            f, saved = jax.vmap(lambda p, x, u, w, e: native.rollout(p, x, u, 0.01, w, e, substeps=SUBSTEPS,
-                                                                     save_every=SAVE, segment=segment))(p, x, u, w, e)
-            return jnp.sum(f ** 2) + jnp.sum(jnp.cos(saved))
+            f, saved = jax.vmap(lambda p, x, u, w, e: native.rollout(
+                p, x, u, 0.01, w, e, substeps=SUBSTEPS, save_every=save_every, segment=segment))(p, x, u, w, e)
+            return jnp.sum(f ** 2) + jnp.sum(jnp.cos(f)) + (0.0 if saved is None else 0.0 * jnp.sum(saved))
         return fn
 
-    def grads(segment):
-        grad = jax.grad(loss(segment), argnums=(0, 1, 2, 3, 4))
-        hlo = _targets(grad, ps, x0, u, wind, wrench)
-        assert "quadjax_trail_" in hlo
-        # the trail's width in the program: the whole trail's, or the checkpoints'
-        widths = {int(w) for w in re.findall(r"tensor<20x(\d+)xf64>", hlo)}
-        return jax.jit(grad)(ps, x0, u, wind, wrench), widths
+    def grads(segment, save_every=0):
+        grad = jax.jit(jax.grad(loss(segment, save_every), argnums=(0, 1, 2, 3, 4)))
+        hlo = grad.lower(ps, x0, u, wind, wrench).as_text()
+        # the kept values' width in the program: the whole trail's, or the checkpoints'
+        widths = {int(w) for w in re.findall(r"tensor<20x(\d+)xf64>", hlo)} if "quadjax_trail_" in hlo else {0}
+        return grad(ps, x0, u, wind, wrench), widths
 
     NS, whole = x0.shape[-1], T * SUBSTEPS * x0.shape[-1]
     kept, widths = grads(0)
@@ -227,6 +227,7 @@ def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(
     cases.append((grads(0), -(-T // 5) * NS))
     monkeypatch.undo()
     cases += [(grads(segment), -(-T // segment) * NS) for segment in (1, 5, 7)]  # within the budget too
+    cases.append((grads(0, save_every=SAVE), 0))  # saving: nothing kept, the saved states' cotangent 0
     for (g, widths), width in cases:
         assert width in widths and (whole not in widths or width == whole)
         np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(g)],

@@ -927,7 +927,8 @@ def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *held, substeps, save_ever
     checkpoints; the sweep reads it where it covers this very batch (not under a ``vmap`` over
     cotangents alone, say), else runs a forward pass of its own."""
     batch = _batch((P, x0, U, Wd, E, ct_final, ct_saved), _CORE + (1, 2))
-    (NS, T, _), L = _sizes(x0, U, save_every), _segment(segment, U.shape[-2], substeps, x0.shape[-1])
+    NS, T, _ = _sizes(x0, U, save_every)
+    L = _segment(segment, T, substeps, NS)
     widths = (T * substeps * NS, -(-T // L) * NS)  # the whole trail, the checkpoints
     kept = held[0] if trail and held[0].shape[:-1] == batch and held[0].shape[-1] in widths else jnp.zeros((0,), U.dtype)
     out = [jax.ShapeDtypeStruct(batch + x.shape[x.ndim - c:], U.dtype) for x, c in zip((P, x0, U, Wd, E), _CORE)]
@@ -956,8 +957,13 @@ def _segment(segment: int, T: int, substeps: int, NS: int) -> int:
 
 def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     """rollout_p's (final, saved) and what the reverse sweep reads: the whole trail of states
-    (``segment`` 0 and within :data:`TRAIL_BYTES`), else the checkpoints at its segments' starts."""
+    (``segment`` 0 and within :data:`TRAIL_BYTES`), else the checkpoints at its segments' starts.
+    A rollout that saves states keeps nothing (width 0): the forward kernel saves them faster than
+    the trail's kernel would, and its sweep runs a forward pass of its own (benchmarks/README.md)."""
     batch, (NS, T, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
+    if save_every:
+        final, saved = _forward_ffi(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
+        return final, saved, jnp.zeros(batch + (0,), U.dtype)
     L = _segment(segment, T, substeps, NS)
     width = T * substeps * NS
     if segment > 0 or math.prod(batch) * width * np.dtype(U.dtype).itemsize > TRAIL_BYTES:

@@ -784,7 +784,7 @@ struct AdjointJob {
   // `final` and `saved`, and no sweep), read by the sweep (nullptr: none; it runs its own forward
   // pass). `whole`: the whole trail, T * substeps * N_S values per vehicle; else the checkpoints,
   // the state at each segment's start, segments * N_S.
-  F *kept_out = nullptr, *final_out = nullptr, *saved_out = nullptr;
+  F *kept_out = nullptr, *final_out = nullptr;
   const F* kept_in = nullptr;
   bool whole = false;
 };
@@ -874,9 +874,6 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
           std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
         K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       }
-      if (out && f.save_every > 0 && (t + 1) % f.save_every == 0)  // Trail's saved states
-        for (int j = 0; j < count; ++j)
-          for (int i = 0; i < NS; ++i) job.saved_out[((v0 + j) * slots + (t + 1) / f.save_every - 1) * NS + i] = B.s[i][j];
     }
   };
   if (out) {  // jax.grad's forward pass: what it keeps, the final and saved states; no sweep
@@ -889,15 +886,14 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   auto state_at = [&](int64_t t, int64_t t0, int64_t k) -> V* {
     if (!trail_in) return &B.trail[((t - t0) * sub + k) * NS];
     const int64_t e = t * sub + k, stride = NS * count;
-    const F* trail = in;
     // the sweep reads the trail backwards, a few hundred bytes per state: the hardware's prefetchers
     // did not run ahead of it (each state's lines missed, ~8 ns per vehicle-step), so ask for the
     // state kPrefetch back now
     constexpr int64_t kPrefetch = 4;
     if (e >= kPrefetch)
       for (int64_t b = 0; b < stride * static_cast<int64_t>(sizeof(F)); b += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(trail + (e - kPrefetch) * stride) + b);
-    TakeTrail<V, F, W>(B.trail.data(), count, trail + e * stride, NS);
+        __builtin_prefetch(reinterpret_cast<const char*>(in + (e - kPrefetch) * stride) + b);
+    TakeTrail<V, F, W>(B.trail.data(), count, in + e * stride, NS);
     return B.trail.data();
   };
   if (segments > 1 && !in)  // the checkpoints (one segment: its trail, below)
@@ -1018,8 +1014,10 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   return ffi::Error::Success();
 }
 
-// jax.grad's forward pass: the rollout's final and saved states, and what its sweep reads: the
-// whole trail or the checkpoints of segments of `segment` ticks, as the result's size says.
+// jax.grad's forward pass: the rollout's final state and what its sweep reads, the whole trail or
+// the checkpoints of segments of `segment` ticks, as the result's size says. No saved states: a
+// rollout that saves them runs the forward kernel, whose saving is faster than what this saves
+// (benchmarks/README.md, fifteenth session), and its sweep its own forward pass.
 template <class K, class A>
 ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
                  Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
@@ -1034,13 +1032,13 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
   if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every, segment);
       e.failure())
     return e;
+  if (save_every != 0) return ffi::Error::InvalidArgument("quadjax native trail: a rollout that saves states");
   const int64_t n = Count(batch);
   const int kind = KeptKind(job, n, trail->element_count());
   if (kind < 0) return ffi::Error::InvalidArgument("quadjax native trail: a result of neither the trail's size nor the checkpoints'");
   job.kept_out = trail->typed_data();
   job.whole = kind == 1;
   job.final_out = final->typed_data();
-  job.saved_out = saved->typed_data();
   if (job.fwd.T == 0) {
     for (int64_t v = 0; v < n; ++v)
       std::copy_n(state.typed_data() + job.fwd.state[0].b.row(v) * K::N_S, K::N_S, job.final_out + v * K::N_S);
