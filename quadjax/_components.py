@@ -202,8 +202,6 @@ def _gate_jvp(term, off, coefficients, primals, tangents):
     zero = jax.tree_util.tree_leaves(d_coefficients, is_leaf=lambda t: isinstance(t, SymbolicZero))
     if not _GATED_TANGENTS.get() or jnp.ndim(on) or not all(isinstance(t, SymbolicZero) for t in zero):
         return jax.jvp(term, args, d_args)
-    if op_by_op(on):
-        return jax.jvp(term, args, d_args) if bool(on) else _off_jvp(off, jax.eval_shape(term, *args), args, d_args)
     shapes = jax.eval_shape(term, *args)
     # the values by their own gate, and the tangents by a second that returns tangents alone: a cond
     # that returned both would put the values in the linear part of a linearisation (jax.grad), and

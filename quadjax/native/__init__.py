@@ -960,7 +960,7 @@ def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     (``segment`` 0 and within :data:`TRAIL_BYTES`), else the checkpoints at its segments' starts.
     A rollout that saves states keeps nothing (width 0): the forward kernel saves them faster than
     the trail's kernel would, and its sweep runs a forward pass of its own (benchmarks/README.md)."""
-    batch, (NS, T, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
+    batch, (NS, T, _) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
     if save_every:
         final, saved = _forward_ffi(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
         return final, saved, jnp.zeros(batch + (0,), U.dtype)
@@ -969,9 +969,9 @@ def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     if segment > 0 or math.prod(batch) * width * np.dtype(U.dtype).itemsize > TRAIL_BYTES:
         width = -(-T // L) * NS
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, "trail"), (jax.ShapeDtypeStruct(batch + (NS,), U.dtype),
-                                                                jax.ShapeDtypeStruct(batch + (slots, NS), U.dtype),
                                                                 jax.ShapeDtypeStruct(batch + (width,), U.dtype)))
-    return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every), segment=np.int64(L))
+    final, kept = call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(0), segment=np.int64(L))
+    return final, jnp.zeros(batch + (0, NS), U.dtype), kept
 
 
 def unpack_params(row: jax.Array, rotors: int) -> tuple:

@@ -753,7 +753,7 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
 // ticks, then, segment by segment from the last, the segment's states recomputed into a trail
 // and swept backwards (a single segment when the whole trail fits: no recomputation).
 // jax.grad's own forward pass keeps for the sweep either the whole trail or the checkpoints (the same
-// run with `kept_out`: final, saved and what it keeps, the kernel Trail below); the sweep then reads
+// run with `kept_out`: final and what it keeps, the kernel Trail below); the sweep then reads
 // them (`kept_in`) and runs no forward pass of its own beyond recomputing segments: a forward pass
 // fewer per gradient. The segments' length comes from the caller (quadjax.native.TRAIL_VECTORS).
 // Results, one row per vehicle of the batch (the caller sums over the dims it broadcast):
@@ -781,7 +781,7 @@ struct AdjointJob {
   F *g_params, *g_state, *g_commands, *g_wind, *g_wrench;
   int64_t segment;  // ticks per recomputed segment (> 0)
   // what jax.grad's forward pass keeps for the sweep, in a caller's buffer: written by Trail (with
-  // `final` and `saved`, and no sweep), read by the sweep (nullptr: none; it runs its own forward
+  // `final`, and no sweep), read by the sweep (nullptr: none; it runs its own forward
   // pass). `whole`: the whole trail, T * substeps * N_S values per vehicle; else the checkpoints,
   // the state at each segment's start, segments * N_S.
   F *kept_out = nullptr, *final_out = nullptr;
@@ -876,7 +876,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
       }
     }
   };
-  if (out) {  // jax.grad's forward pass: what it keeps, the final and saved states; no sweep
+  if (out) {  // jax.grad's forward pass: what it keeps and the final state; no sweep
     for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), job.whole);
     for (int j = 0; j < count; ++j)
       for (int i = 0; i < NS; ++i) job.final_out[(v0 + j) * NS + i] = B.s[i][j];
@@ -1021,8 +1021,8 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
 template <class K, class A>
 ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
                  Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
-                 Out<typename K::F> final, Out<typename K::F> saved, Out<typename K::F> trail, int64_t substeps,
-                 int64_t save_every, int64_t segment) {
+                 Out<typename K::F> final, Out<typename K::F> trail, int64_t substeps, int64_t save_every,
+                 int64_t segment) {
   using F = typename K::F;
   auto fdims = final->dimensions();
   if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
@@ -1104,5 +1104,5 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
                                     .Attr<int64_t>("segment"))
 #define QUADJAX_TRAIL(NAME, K, A)                                                                      \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Trail<K, A>),                                                   \
-                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()) \
+                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()) \
                                     .Attr<int64_t>("segment"))
