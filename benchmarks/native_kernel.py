@@ -60,7 +60,7 @@ def worker(case: dict) -> dict:
     s0 = qj.hover_state(p, (0.0, 0.0, 1.0))
     u = qj.hover_rotor_speed(p) * jnp.full((N, T, 4), 1.01, jnp.float32)
     states = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), s0)
-    config = qj.SimConfig(save_every=1 if kind == "rollout_saved" else 0,
+    config = qj.SimConfig(save_every=1 if kind in ("rollout_saved", "grad_saved") else 0,
                           backend="xla" if kind == "grad_xla" else "native")
 
     def rollout(u):
@@ -85,11 +85,15 @@ def worker(case: dict) -> dict:
         final = rollout(u)
         return jnp.sum(final.position ** 2) + jnp.sum(final.body_rates ** 2)
 
+    def loss_saved(u):  # a system identification's shape: every saved position, and the final rates
+        tr = qj.map_vehicles(lambda u: qj.simulate(p, s0, 1e-3, commands=u, config=config), (u,), (0,))
+        return jnp.sum(tr.states.position ** 2) + jnp.sum(tr.final.body_rates ** 2)
+
     direction = jnp.ones_like(u)
     fn = {"rollout": rollout, "rollout_saved": rollout, "rollout_one_series": rollout_fleet,
           "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
           "scan_time_major": scan_of(qj.rk4_step, swap=False),
-          "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss,
+          "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss, "grad_saved": jax.grad(loss_saved),
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,)),
           # k tangents at once, as jax.jacfwd pushes them (vmap over the tangent)
           **{f"jvp{k}": lambda u, k=k: jax.vmap(lambda d: jax.jvp(loss, (u,), (d,)))(
@@ -156,6 +160,7 @@ def main():
         "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
         "rollout forward N=256, T=1000 (loss)": dict(kind="forward", N=256, T=1000),
         "grad of it (native adjoint)": dict(kind="grad", N=256, T=1000),
+        "grad of a loss on every saved state, N=256, T=1000": dict(kind="grad_saved", N=256, T=1000),
         "rollout forward N=256, T=10000 (loss)": dict(kind="forward", N=256, T=10000),
         "grad of it, T=10000 (native adjoint, 3 recomputed segments)": dict(kind="grad", N=256, T=10000),
         "jvp of it, one tangent (native tangent)": dict(kind="jvp", N=256, T=1000),

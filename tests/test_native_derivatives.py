@@ -243,6 +243,37 @@ def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(
                                atol=1e-12 * float(np.max(np.abs(jac))))
 
 
+def test_a_loss_on_every_saved_state_has_xla_gradient_through_the_staged_cotangents():
+    """The sweep reads the saved states' cotangents 16 slots at a time, a vector load per lane and a
+    transposition in registers (rollout.cc, kStagedSlots). 44 ticks saved every second one: 22
+    slots, a whole run of 16 and a part, ticks between saves that read none; 20 vehicles: a whole
+    block of lanes and a part of one. Every saved value has its own weight in the loss, so that a
+    value read from another slot, lane or place changes the gradient."""
+    ps, ss, u, *_ = jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * 4), _fleet("float64"))
+    u = jnp.concatenate([u] * 4, axis=1)[:, :44]
+
+    def saved(backend):
+        config = qj.SimConfig(backend=backend, substeps=SUBSTEPS, save_every=2)
+        return jax.vmap(lambda p, s, u: qj.simulate(p, s, 0.01, commands=u, config=config).states)
+
+    rng = np.random.default_rng(7)
+    weights = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape)),
+                                     jax.eval_shape(saved("xla"), ps, ss, u))
+
+    def loss(backend):
+        def fn(u, velocity):
+            states = saved(backend)(ps, ss.replace(velocity=velocity), u)
+            return sum(jnp.sum(w * x) for w, x in zip(jax.tree_util.tree_leaves(weights),
+                                                      jax.tree_util.tree_leaves(states)))
+        return jax.jit(jax.grad(fn, argnums=(0, 1)))
+
+    native_grad, xla_grad = loss("native"), loss("xla")
+    assert "quadjax_adjoint" in native_grad.lower(u, ss.velocity).as_text()
+    got, want = native_grad(u, ss.velocity), xla_grad(u, ss.velocity)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12 * float(np.max(np.abs(w))))
+
+
 def test_second_derivatives_and_vmap_of_grad():
     """jacfwd(grad) through the primitives (the JVPs of the tangent and adjoint: XLA's) equals
     central differences of the native gradient; vmap(grad) over initial states with every other

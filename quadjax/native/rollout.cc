@@ -771,7 +771,13 @@ struct AdjointBlock {
   // a segment's commands and their cotangents, lane-major: read and written a segment at a time
   // by register transpositions, where a tick at a time took a load or store per lane and value
   std::vector<V> checkpoints, trail, commands, g_commands;
+  // the saved states' cotangents, kStagedSlots slots at a time (AdjointRun)
+  std::vector<V> ct_saved;
 };
+
+// Slots of the saved states' cotangents a sweep stages at once: whole W x W tiles for Gather's
+// transpositions, a few KB that stay in L1 while the sweep goes back through them
+constexpr int64_t kStagedSlots = 16;
 
 template <typename F>
 struct AdjointJob {
@@ -900,6 +906,13 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
     for (int64_t t0 = 0; t0 < T; t0 += L) forward(t0, std::min(T, t0 + L), false);
   for (int i = 0; i < AB::NC; ++i) B.c[i] = V{};
   Gather(B.c, job.ct_final, LaneRows<W>(job.bf, lanes.own), NS, NS);
+  // the saved states' cotangents, read kStagedSlots slots at a time: each lane's slots are one run of
+  // values, gathered by W x W transpositions. Lane by lane (a scalar load and insert per value and
+  // lane) jax.grad of a loss on every saved state took 93-104 ns per vehicle-step, now 60-64 (N = 256,
+  // T = 1 000, 2 threads, AMD EPYC; benchmarks/README.md, sixteenth session)
+  const LaneRows<W> saved_rows(job.bs, lanes.own);
+  int64_t staged = slots;  // the first slot staged in B.ct_saved (slots: none)
+  B.ct_saved.resize(slots ? std::min(slots, kStagedSlots) * NS : 0);
   for (int64_t seg = segments - 1; seg >= 0; --seg) {
     const int64_t t0 = seg * L, t1 = std::min(T, t0 + L);
     if (trail_in) {
@@ -914,8 +927,13 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
     for (int64_t t = t1 - 1; t >= t0; --t) {
       if (f.save_every > 0 && (t + 1) % f.save_every == 0) {  // the cotangent of the state saved after tick t
         const int64_t slot = (t + 1) / f.save_every - 1;
-        for (int j = 0; j < count; ++j)
-          for (int i = 0; i < NS; ++i) B.c[i][j] += job.ct_saved[(job.bs.row(v0 + j) * slots + slot) * NS + i];
+        if (slot < staged) {  // the slots before it, as vectors: a vector load per lane and a transposition
+          staged = std::max<int64_t>(0, slot + 1 - kStagedSlots);
+          Gather(B.ct_saved.data(), job.ct_saved + staged * NS, saved_rows, slots * NS,
+                 static_cast<int>((slot + 1 - staged) * NS));
+        }
+        const V* ct = &B.ct_saved[(slot - staged) * NS];
+        for (int i = 0; i < NS; ++i) B.c[i] += ct[i];
       }
       load_inputs(t, t0);
       for (int i = AB::CU; i < AB::CW; ++i) B.c[i] = V{};
