@@ -197,8 +197,8 @@ def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(
     beyond it, or for an explicit segment, the checkpoints at the segments' starts, from which the
     sweep recomputes the whole horizon at once or segments of 1, 5 or 7 ticks (the memory bound,
     with a last segment shorter than the others). A vmap over cotangents alone (jax.jacrev) meets
-    a trail of another batch, and the sweep runs its own forward pass; so does the sweep of a rollout
-    that saves states, whose forward pass keeps nothing. Every way gives the same bits (the same
+    a trail of another batch, and the sweep runs its own forward pass. A rollout that saves states
+    keeps the same. Every way gives the same bits (the same
     operations in the same order), and the Jacobian is XLA's. 20 vehicles: whole blocks of lanes and
     a part of one, which the kept values hold each their own way."""
     ps, ss, u, wind, wrench, dts = jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * 4), _fleet("float64"))
@@ -227,7 +227,7 @@ def test_the_kept_trail_and_recomputed_segments_give_the_same_sweep_bit_for_bit(
     cases.append((grads(0), -(-T // 5) * NS))
     monkeypatch.undo()
     cases += [(grads(segment), -(-T // segment) * NS) for segment in (1, 5, 7)]  # within the budget too
-    cases.append((grads(0, save_every=SAVE), 0))  # saving: nothing kept, the saved states' cotangent 0
+    cases.append((grads(0, save_every=SAVE), whole))  # saving too (its saved states' cotangent 0)
     for (g, widths), width in cases:
         assert width in widths and (whole not in widths or width == whole)
         np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(g)],
@@ -272,6 +272,42 @@ def test_a_loss_on_every_saved_state_has_xla_gradient_through_the_staged_cotange
     got, want = native_grad(u, ss.velocity), xla_grad(u, ss.velocity)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12 * float(np.max(np.abs(w))))
+
+
+def test_saved_states_that_nothing_uses_are_not_saved():
+    """simulate's default SimConfig saves every state. Where a program uses only the final state,
+    jit's dead-code elimination has the kernels save nothing (native._unsaved): the forward,
+    jax.grad (its forward pass, and a sweep that adds no saved states' cotangent) and jax.jvp run
+    the very calls that save_every=0 runs, with the same bits. Where the saved states are used, they
+    are saved."""
+    ps, ss, u, _, _, dts = _fleet("float64")
+    du = jnp.asarray(np.random.default_rng(3).normal(size=u.shape))
+
+    def fly(config):
+        return lambda u: jax.vmap(lambda p, s, u, dt: qj.simulate(p, s, dt, commands=u, config=config))(ps, ss, u, dts)
+
+    def programs(config):
+        final = lambda u: jnp.sum(fly(config)(u).final.position ** 2) + jnp.sum(jnp.cos(fly(config)(u).final.attitude))
+        return {"forward": final, "grad": jax.grad(final), "jvp": lambda u: jax.jvp(final, (u,), (du,))}
+
+    def calls(fn):  # the kernels' custom calls, by their results' and operands' shapes
+        hlo = jax.jit(fn).lower(u).compile().as_text()
+        lines = [line for line in hlo.splitlines() if 'custom_call_target="quadjax_' in line]
+        shapes = lambda text: " ".join(re.findall(r"\w+\[[\d,]*\]", text))
+        return sorted(shapes(line.split(" custom-call(")[0]) + " <- " + shapes(
+            line.split("operand_layout_constraints=", 1)[1].split("}}", 1)[0]) for line in lines)
+
+    default, unsaved = programs(qj.SimConfig(backend="native", substeps=SUBSTEPS)), programs(
+        qj.SimConfig(backend="native", substeps=SUBSTEPS, save_every=0))
+    assert qj.SimConfig().save_every == 1
+    for name in default:
+        assert calls(default[name]) == calls(unsaved[name]) != [], name
+        np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(default[name])(u))],
+                                [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(unsaved[name])(u))])
+    used = lambda u: fly(qj.SimConfig(backend="native", substeps=SUBSTEPS, save_every=3))(u).states.position
+    assert any(f"{N},{T // 3},3]" in c for c in calls(used))
+    np.testing.assert_allclose(jax.jit(used)(u), fly(qj.SimConfig(backend="xla", substeps=SUBSTEPS, save_every=3))(u)
+                               .states.position, rtol=1e-12, atol=1e-12)
 
 
 def test_second_derivatives_and_vmap_of_grad():

@@ -958,20 +958,17 @@ def _segment(segment: int, T: int, substeps: int, NS: int) -> int:
 def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     """rollout_p's (final, saved) and what the reverse sweep reads: the whole trail of states
     (``segment`` 0 and within :data:`TRAIL_BYTES`), else the checkpoints at its segments' starts.
-    A rollout that saves states keeps nothing (width 0): the forward kernel saves them faster than
-    the trail's kernel would, and its sweep runs a forward pass of its own (benchmarks/README.md)."""
-    batch, (NS, T, _) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
-    if save_every:
-        final, saved = _forward_ffi(P, x0, U, Wd, E, substeps=substeps, save_every=save_every, rotors=rotors)
-        return final, saved, jnp.zeros(batch + (0,), U.dtype)
+    What it keeps does not depend on ``save_every``, so that saving nothing (the saved states unused:
+    :func:`_unsaved`) changes no other result's shape."""
+    batch, (NS, T, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
     L = _segment(segment, T, substeps, NS)
     width = T * substeps * NS
     if segment > 0 or math.prod(batch) * width * np.dtype(U.dtype).itemsize > TRAIL_BYTES:
         width = -(-T // L) * NS
-    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "trail"), (jax.ShapeDtypeStruct(batch + (NS,), U.dtype),
-                                                                jax.ShapeDtypeStruct(batch + (width,), U.dtype)))
-    final, kept = call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(0), segment=np.int64(L))
-    return final, jnp.zeros(batch + (0, NS), U.dtype), kept
+    call = jax.ffi.ffi_call(_target(U.dtype, rotors, "trail"), [jax.ShapeDtypeStruct(batch + shape, U.dtype)
+                                                                for shape in ((NS,), (slots, NS), (width,))])
+    return tuple(call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every),
+                      segment=np.int64(L)))
 
 
 def unpack_params(row: jax.Array, rotors: int) -> tuple:
@@ -1248,6 +1245,30 @@ def _trail_jvp(primals, tangents, **params):
 
 
 ad.primitive_jvps[trail_p] = _trail_jvp
+
+
+def _unsaved(saved, used_outputs, eqn):
+    """The dead-code elimination rule of a primitive whose results ``saved`` (their indices) are
+    the saved states and their tangents: where none of them is used, the primitive saves nothing
+    (``save_every`` 0), since every other result is the same. A user's ``simulate(...).final``
+    under the default ``SimConfig(save_every=1)`` thus costs what ``save_every=0`` does (N = 256,
+    T = 1 000: the forward had taken twice as long, ``jax.grad`` 2.3x; benchmarks/README.md,
+    sixteenth session). ``jax.jit`` runs this as it lowers (its unused-input pruning)."""
+    if not any(used_outputs):
+        return [False] * len(eqn.invars), None
+    if eqn.params["save_every"] == 0 or any(used_outputs[i] for i in saved):
+        return [True] * len(eqn.invars), eqn
+    prim = rollout_p if eqn.primitive is rollout_leaves_p else eqn.primitive  # the leaves, as rows
+    params = dict(eqn.params, save_every=0)
+    avals, _ = prim.abstract_eval(*[v.aval for v in eqn.invars], **params)
+    outvars = [v if i < len(eqn.outvars) and used_outputs[i] else jax.extend.core.DropVar(a)
+               for i, (v, a) in enumerate(zip(eqn.outvars + [None] * len(avals), avals))]
+    return [True] * len(eqn.invars), eqn.replace(primitive=prim, params=params, outvars=outvars)
+
+
+for _prim, _saved in ((rollout_p, (1,)), (rollout_leaves_p, range(1, 8)), (trail_p, (1,)), (tangent_p, (1,)),
+                      (joint_p, (1, 3))):
+    pe.dce_rules[_prim] = functools.partial(_unsaved, tuple(_saved))
 
 
 # --------------------------------------------------------------------------- rk4_step on the kernel

@@ -773,6 +773,9 @@ struct AdjointBlock {
   std::vector<V> checkpoints, trail, commands, g_commands;
   // the saved states' cotangents, kStagedSlots slots at a time (AdjointRun)
   std::vector<V> ct_saved;
+  // jax.grad's forward pass of a rollout that saves states: the states to save, as Block's
+  static constexpr int kept = SavedSlots<K::N_S, V>();
+  std::vector<V> saved;
 };
 
 // Slots of the saved states' cotangents a sweep stages at once: whole W x W tiles for Gather's
@@ -858,6 +861,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   B.trail.resize(out ? 0 : trail_in ? NS : std::min(T, L) * sub * NS);
   B.commands.resize(std::min(T, L) * R);
   B.g_commands.resize(out ? 0 : std::min(T, L) * R);
+  B.saved.resize(out && slots ? AB::kept * NS : 0);
   auto load_inputs = [&](int64_t t, int64_t t0) {  // tick t of the segment staged from t0
     for (int r = 0; r < R; ++r) B.u[r] = B.commands[(t - t0) * R + r];
     LoadSeries<K>(f, lanes, t, false, B.wind, B.ext);
@@ -880,6 +884,10 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
           std::copy_n(B.s, NS, &B.trail[((t - t0) * sub + k) * NS]);
         K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
       }
+      if (out && slots && (t + 1) % f.save_every == 0)  // jax.grad's forward pass saves as RunBlock does
+        for (const auto& part : f.saved)
+          SaveSlot<AB::kept>(B.saved.data(), part.offset, part.out, lanes.own, count, (t + 1) / f.save_every - 1,
+                             slots, B.s + part.offset, part.width);
     }
   };
   if (out) {  // jax.grad's forward pass: what it keeps and the final state; no sweep
@@ -1032,15 +1040,14 @@ ffi::Error Adjoint(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename
   return ffi::Error::Success();
 }
 
-// jax.grad's forward pass: the rollout's final state and what its sweep reads, the whole trail or
-// the checkpoints of segments of `segment` ticks, as the result's size says. No saved states: a
-// rollout that saves them runs the forward kernel, whose saving is faster than what this saves
-// (benchmarks/README.md, fifteenth session), and its sweep its own forward pass.
+// jax.grad's forward pass: the rollout's final state, its saved states (as Rollout's, a run of slots
+// per lane at a time) and what its sweep reads, the whole trail or the checkpoints of segments of
+// `segment` ticks, as the result's size says.
 template <class K, class A>
 ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> state,
                  Buf<typename K::F> commands, Buf<typename K::F> wind, Buf<typename K::F> wrench,
-                 Out<typename K::F> final, Out<typename K::F> trail, int64_t substeps, int64_t save_every,
-                 int64_t segment) {
+                 Out<typename K::F> final, Out<typename K::F> saved, Out<typename K::F> trail, int64_t substeps,
+                 int64_t save_every, int64_t segment) {
   using F = typename K::F;
   auto fdims = final->dimensions();
   if (fdims.size() == 0 || fdims.back() != K::N_S || state.dimensions().back() != K::N_S)
@@ -1050,8 +1057,11 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
   if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every, segment);
       e.failure())
     return e;
-  if (save_every != 0) return ffi::Error::InvalidArgument("quadjax native trail: a rollout that saves states");
-  const int64_t n = Count(batch);
+  const int64_t n = Count(batch), slots = save_every ? job.fwd.T / save_every : 0;
+  if (saved->element_count() != n * slots * K::N_S)
+    return ffi::Error::InvalidArgument("quadjax native trail: bad saved shape");
+  job.fwd.saved.push_back({saved->typed_data(), K::N_S, 0, static_cast<int64_t>(saved->element_count())});
+  HugePages(saved->typed_data(), static_cast<size_t>(saved->element_count()) * sizeof(F));
   const int kind = KeptKind(job, n, trail->element_count());
   if (kind < 0) return ffi::Error::InvalidArgument("quadjax native trail: a result of neither the trail's size nor the checkpoints'");
   job.kept_out = trail->typed_data();
@@ -1122,5 +1132,5 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
                                     .Attr<int64_t>("segment"))
 #define QUADJAX_TRAIL(NAME, K, A)                                                                      \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (Trail<K, A>),                                                   \
-                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()) \
+                                QJ_ROLLOUT_BIND(K, .Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>().Ret<QJ_BUF(K)>()) \
                                     .Attr<int64_t>("segment"))
