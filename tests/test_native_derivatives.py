@@ -278,8 +278,8 @@ def test_saved_states_that_nothing_uses_are_not_saved():
     """simulate's default SimConfig saves every state. Where a program uses only the final state,
     jit's dead-code elimination has the kernels save nothing (native._unsaved): the forward,
     jax.grad (its forward pass, and a sweep that adds no saved states' cotangent) and jax.jvp run
-    the very calls that save_every=0 runs, with the same bits. Where the saved states are used, they
-    are saved."""
+    the very calls that save_every=0 runs, with the same bits. Of the saved states' leaves, those
+    used are saved, and have XLA's values; the others are not."""
     ps, ss, u, _, _, dts = _fleet("float64")
     du = jnp.asarray(np.random.default_rng(3).normal(size=u.shape))
 
@@ -304,10 +304,15 @@ def test_saved_states_that_nothing_uses_are_not_saved():
         assert calls(default[name]) == calls(unsaved[name]) != [], name
         np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(default[name])(u))],
                                 [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(unsaved[name])(u))])
-    used = lambda u: fly(qj.SimConfig(backend="native", substeps=SUBSTEPS, save_every=3))(u).states.position
-    assert any(f"{N},{T // 3},3]" in c for c in calls(used))
-    np.testing.assert_allclose(jax.jit(used)(u), fly(qj.SimConfig(backend="xla", substeps=SUBSTEPS, save_every=3))(u)
-                               .states.position, rtol=1e-12, atol=1e-12)
+    # the leaves used are saved, the others not: the position's 4 slots, no attitude's
+    saved = lambda backend: lambda u: (lambda s: (s.position, s.energy))(
+        fly(qj.SimConfig(backend=backend, substeps=SUBSTEPS, save_every=3))(u).states)
+    (call,) = calls(saved("native"))
+    S = T // 3  # the leaves: position, velocity, attitude, body rates, rotor speeds, energy, on the ground
+    assert call.split(" <- ")[0] == (f"f64[{N},19] f64[{N},{S},3] f64[{N},0,3] f64[{N},0,4] f64[{N},0,3] "
+                                     f"f64[{N},0,4] f64[{N},{S}] f64[{N},0]"), call
+    for got, want in zip(jax.jit(saved("native"))(u), saved("xla")(u)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_second_derivatives_and_vmap_of_grad():

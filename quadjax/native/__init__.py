@@ -874,12 +874,15 @@ def _forward_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     return call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
 
-def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors):
-    """The forward kernel with its saved states as the state's leaves (..., slots, *leaf shape)."""
+def _leaves_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, leaves=None):
+    """The forward kernel with its saved states as the state's leaves (..., slots, *leaf shape); a
+    leaf that ``leaves`` (a bool per leaf; None: all) leaves out has no slots and is not saved
+    (nothing reads it: :func:`_unsaved`)."""
     batch, (NS, _, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
-    like = step_example(rotors, np.dtype(U.dtype))["S"]
+    like = jax.tree_util.tree_leaves(step_example(rotors, np.dtype(U.dtype))["S"])
     outs = [jax.ShapeDtypeStruct(batch + (NS,), U.dtype)] + [
-        jax.ShapeDtypeStruct(batch + (slots,) + x.shape, U.dtype) for x in jax.tree_util.tree_leaves(like)]
+        jax.ShapeDtypeStruct(batch + (slots if keep else 0,) + x.shape, U.dtype)
+        for x, keep in zip(like, leaves or (True,) * len(like))]
     return jax.ffi.ffi_call(_target(U.dtype, rotors, "leaves"), outs)(
         P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every))
 
@@ -1250,16 +1253,23 @@ ad.primitive_jvps[trail_p] = _trail_jvp
 def _unsaved(saved, used_outputs, eqn):
     """The dead-code elimination rule of a primitive whose results ``saved`` (their indices) are
     the saved states and their tangents: where none of them is used, the primitive saves nothing
-    (``save_every`` 0), since every other result is the same. A user's ``simulate(...).final``
-    under the default ``SimConfig(save_every=1)`` thus costs what ``save_every=0`` does (N = 256,
-    T = 1 000: the forward had taken twice as long, ``jax.grad`` 2.3x; benchmarks/README.md,
-    sixteenth session). ``jax.jit`` runs this as it lowers (its unused-input pruning)."""
+    (``save_every`` 0), since every other result is the same; where the state's leaves are saved
+    one result each, it saves only those used. A user's ``simulate(...).final`` under the default
+    ``SimConfig(save_every=1)`` thus costs what ``save_every=0`` does (N = 256, T = 1 000: the
+    forward had taken twice as long, ``jax.grad`` 3x; benchmarks/README.md, sixteenth session).
+    ``jax.jit`` runs this as it lowers (its unused-input pruning), and linearisation on the tangent
+    jaxpr (the tangent's saved states unused)."""
     if not any(used_outputs):
         return [False] * len(eqn.invars), None
-    if eqn.params["save_every"] == 0 or any(used_outputs[i] for i in saved):
+    if eqn.params["save_every"] == 0 or all(used_outputs[i] for i in saved):
         return [True] * len(eqn.invars), eqn
-    prim = rollout_p if eqn.primitive is rollout_leaves_p else eqn.primitive  # the leaves, as rows
-    params = dict(eqn.params, save_every=0)
+    prim, params = eqn.primitive, dict(eqn.params, save_every=0)
+    if prim is rollout_leaves_p and any(used_outputs[i] for i in saved):
+        params = dict(eqn.params, leaves=tuple(bool(used_outputs[i]) for i in saved))
+    elif any(used_outputs[i] for i in saved):
+        return [True] * len(eqn.invars), eqn
+    elif prim is rollout_leaves_p:  # none of the leaves: the packed rows, with no slots
+        prim, params = rollout_p, {k: v for k, v in params.items() if k != "leaves"}
     avals, _ = prim.abstract_eval(*[v.aval for v in eqn.invars], **params)
     outvars = [v if i < len(eqn.outvars) and used_outputs[i] else jax.extend.core.DropVar(a)
                for i, (v, a) in enumerate(zip(eqn.outvars + [None] * len(avals), avals))]

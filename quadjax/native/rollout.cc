@@ -700,6 +700,7 @@ ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<ty
     if (!r.has_value()) return r.error();
     if (K::L_S[l] > 1 && (*r)->dimensions().back() != K::L_S[l])
       return ffi::Error::InvalidArgument("quadjax native: bad saved leaf");
+    if ((*r)->element_count() == 0) continue;  // a leaf that nothing reads comes with no slots: not saved
     job.saved.push_back({(*r)->typed_data(), K::L_S[l], at, static_cast<int64_t>((*r)->element_count())});
   }
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
@@ -916,8 +917,8 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   Gather(B.c, job.ct_final, LaneRows<W>(job.bf, lanes.own), NS, NS);
   // the saved states' cotangents, read kStagedSlots slots at a time: each lane's slots are one run of
   // values, gathered by W x W transpositions. Lane by lane (a scalar load and insert per value and
-  // lane) jax.grad of a loss on every saved state took 93-104 ns per vehicle-step, now 60-64 (N = 256,
-  // T = 1 000, 2 threads, AMD EPYC; benchmarks/README.md, sixteenth session)
+  // lane) jax.grad of a loss on every saved state took 93-104 ns per vehicle-step, now 57-64 (N = 256,
+  // T = 1 000, 2 threads, AMD EPYC, glibc keeping freed buffers; benchmarks/README.md, sixteenth session)
   const LaneRows<W> saved_rows(job.bs, lanes.own);
   int64_t staged = slots;  // the first slot staged in B.ct_saved (slots: none)
   B.ct_saved.resize(slots ? std::min(slots, kStagedSlots) * NS : 0);
