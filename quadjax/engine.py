@@ -77,8 +77,8 @@ class SimConfig:
         ``(params, state, command, dt) -> state``. The library's steppers run in component form.
     substeps: physics steps per tick, each ``dt / substeps`` long, the command held.
     save_every: keep the outputs (``save``) after every ``save_every``-th tick (it must divide
-        ``num_ticks``); 0 keeps only the final state. In the open loop's kernel, a jitted program
-        that uses no saved state saves none (its dead-code elimination), as with 0.
+        ``num_ticks``); 0 keeps only the final state. In the native kernels, a jitted program
+        saves only the outputs it reads (dead-code elimination): none read is as 0.
     save: which per-tick outputs are kept: a subset of ``("state", "command", "estimate")``
         (the estimate: what an :class:`Observer` gave the controller). Hooks' own per-tick
         outputs are kept whenever ``save_every`` > 0.

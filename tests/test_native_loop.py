@@ -18,6 +18,7 @@ runs in one call.
 
 import dataclasses
 import functools
+import re
 import warnings
 
 import jax
@@ -236,6 +237,37 @@ def test_series_in_and_saved_outputs_out(dtype, every):
     np.testing.assert_array_equal(got[3], ref[3])
     assert worst_relative(got[:3], ref[:3]) <= TOL[dtype] * 10
     assert worst_relative(got[4], ref[4]) <= TOL[dtype] * 10  # the monitor's figures
+
+
+def test_saved_outputs_that_nothing_reads_are_not_saved():
+    """The default SimConfig saves every tick's state and command. A fleet that reads only its final
+    state runs the native call that save_every=0 runs, with the same bits; one that reads only the
+    saved positions saves only them, the other leaves with no slots, and has the XLA backend's
+    values (quadjax.native.loop._unread)."""
+    case = closed_loop_case("pid", jnp.float64, n=11, ticks=40, reference=False)
+    a = case["args"]
+    args = (a["params"], a["state0"], a["ctrl_state"])
+
+    def fleet(read, **config):
+        def one(p1, s, cs):
+            return read(qj.simulate(p1, s, a["dt"], controller=a["controller"], ctrl_params=a["ctrl_params"],
+                                    ctrl_state=cs, num_ticks=a["num_ticks"], config=qj.SimConfig(substeps=2, **config)))
+        return jax.jit(jax.vmap(one))
+
+    def results(fn):  # of the loop's native call: the carry's shape, then each saved leaf's
+        (line,) = [x for x in fn.lower(*args).compile().as_text().splitlines() if 'custom_call_target="quadjax_loop_' in x]
+        return re.findall(r"\[[\d,]*\]", line.split(" custom-call(")[0])
+
+    final = lambda tr: (tr.final, tr.ctrl_state, tr.status)
+    default, unsaved = fleet(final, backend="native"), fleet(final, backend="native", save_every=0)
+    assert qj.SimConfig().save_every == 1 and len(results(default)) == 1 and results(default) == results(unsaved)
+    np.testing.assert_equal([np.asarray(x) for x in jax.tree_util.tree_leaves(default(*args))],
+                            [np.asarray(x) for x in jax.tree_util.tree_leaves(unsaved(*args))])
+    positions = lambda backend: fleet(lambda tr: tr.states.position, backend=backend, save_every=4)
+    saved = results(positions("native"))[1:]
+    assert saved.count("[11,10,3]") == 1 and len(saved) > 1 and all(
+        x == "[11,10,3]" or x.startswith("[11,0,") for x in saved), saved
+    np.testing.assert_allclose(positions("native")(*args), positions("xla")(*args), rtol=1e-10, atol=1e-12)
 
 
 def test_replayed_commands_with_a_hook_stream_in():

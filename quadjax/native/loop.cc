@@ -19,7 +19,8 @@
 //           every tick); as XLA holds them (no copy to pack them), the last leaf (a spare) not passed
 // Results: the carry after num_ticks ticks (N, N_X), and of every `every`-th tick each leaf l of
 // the tick's output Y (N, S, L_Y[l]), S = num_ticks / every (none when every = 0): a result per
-// leaf, so that XLA gets each saved array as it is, with no copy to split them.
+// leaf, so that XLA gets each saved array as it is, with no copy to split them. A leaf that nothing
+// reads comes as (N, 0, L_Y[l]) and is not saved (quadjax/native/loop.py, _unread).
 
 namespace {
 
@@ -72,11 +73,12 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
     auto r = saved.get<Buf<F>>(l);
     if (!r.has_value()) return r.error();
     auto yd = (*r)->dimensions();
+    y_at[l + 1] = y_at[l] + K::L_Y[l];
+    if (yd.size() == 3 && yd[0] == n && yd[1] == 0 && yd[2] == K::L_Y[l]) continue;  // nothing reads it: not saved
     if (yd.size() != 3 || yd[0] != n || yd[1] != S || yd[2] != K::L_Y[l])
       return ffi::Error::InvalidArgument("quadjax loop: a saved output is not (N, num_ticks / every, its size)");
     Y[l] = (*r)->typed_data();
     HugePages(Y[l], static_cast<size_t>((*r)->element_count()) * sizeof(F));
-    y_at[l + 1] = y_at[l] + K::L_Y[l];
   }
   const F *P = params.typed_data(), *X = carry.typed_data();
   F* Xo = out->typed_data();
@@ -97,7 +99,7 @@ ffi::Error Loop(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
       K::step(B.H, B.p, B.x, B.k, B.u, B.y);
       if (every && (t + 1) % every == 0) {
         for (int l = 0; l < NY; ++l)
-          SaveSlot<LoopBlock<K>::kept>(B.saved, y_at[l], Y[l], own, count, s, S, B.y + y_at[l], K::L_Y[l]);
+          if (Y[l]) SaveSlot<LoopBlock<K>::kept>(B.saved, y_at[l], Y[l], own, count, s, S, B.y + y_at[l], K::L_Y[l]);
         ++s;
       }
     }

@@ -29,6 +29,7 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
+from jax.interpreters import partial_eval as pe
 
 from quadjax.native.generate import VECTOR_PRELUDE, Layout, UnsupportedPrimitive, generate_kernel
 
@@ -170,7 +171,7 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, n_carry, num_ticks, every):
     n = next(x.shape[0] for x, b in zip(args, batched) if b)
     per = [_aval(x.shape[1:] if b else x.shape, x.dtype) for x, b in zip(args, batched)]
     tick_avals = per[:n_consts + n_carry] + [_aval(a.shape[1:], a.dtype) for a in per[n_consts + n_carry:]]
-    why, target, width, dtype = _compiled(jaxpr, tick_avals, n_consts, n_carry)
+    why, target, _, dtype = _compiled(jaxpr, tick_avals, n_consts, n_carry)
     params = dict(jaxpr=jaxpr, n_consts=n_consts, n_carry=n_carry, num_ticks=num_ticks, every=every)
     xla = jax.vmap(functools.partial(_tick_impl, **params), in_axes=tuple(0 if b else None for b in batched))
     if why is not None:
@@ -187,10 +188,8 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, n_carry, num_ticks, every):
         # each series as XLA holds it (N or 1, T, size): no copy to pack them
         U = [jnp.reshape(jnp.asarray(x).astype(dtype), (n if b else 1, num_ticks, -1)) for x, b in zip(xs, fs)]
         S = num_ticks // every if every else 0
-        shapes = [(n, width)] + [(n, S, math.prod(a.shape)) for a in y_avals]  # a result per saved leaf
-        final, *saved = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(x, dtype) for x in shapes],
-                                         vmap_method="sequential")(P, X, *U, num_ticks=np.int64(num_ticks),
-                                                                   every=np.int64(every))
+        final, *saved = call_p.bind(P, X, *U, target=target, sizes=tuple(math.prod(a.shape) for a in y_avals),
+                                    num_ticks=num_ticks, every=every)  # a result per saved leaf
         return _unrows(final, per[n_consts:n_consts + n_carry], (n,)) + [
             _as(jnp.reshape(y, (n, S) + tuple(a.shape)), a.dtype) for y, a in zip(saved, y_avals)]
 
@@ -201,6 +200,47 @@ def _loop_batched(args, dims, *, jaxpr, n_consts, n_carry, num_ticks, every):
 
 
 batching.primitive_batchers[loop_p] = _loop_batched
+
+
+def _call(P, X, *U, target: str, sizes: tuple, num_ticks: int, every: int, kept: tuple | None = None):
+    """The closed-loop kernel's call: (the carry after ``num_ticks`` ticks (N, width), and with
+    ``every`` > 0 one result per leaf of the tick's output, (N, num_ticks // every, its size)). A
+    leaf that ``kept`` (a bool per leaf; None: all) leaves out has no slots, and the kernel does not
+    save it (nothing reads it: :func:`_unread`)."""
+    n, dtype = X.shape[0], X.dtype
+    S = num_ticks // every if every else 0
+    shapes = [X.shape] + ([(n, S if keep else 0, size) for size, keep in zip(sizes, kept or (True,) * len(sizes))]
+                          if every else [])
+    return jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(x, dtype) for x in shapes], vmap_method="sequential")(
+        P, X, *U, num_ticks=np.int64(num_ticks), every=np.int64(every))
+
+
+#: the kernel's call as a primitive of its own, for its dead-code elimination rule (:func:`_unread`)
+call_p = jax.extend.core.Primitive("quadjax_loop_call")
+call_p.multiple_results = True
+call_p.def_impl(_call)
+call_p.def_abstract_eval(lambda *args, **params: [jax.core.ShapedArray(o.shape, o.dtype) for o in jax.eval_shape(
+    functools.partial(_call, **params), *args)])
+mlir.register_lowering(call_p, mlir.lower_fun(_call, multiple_results=True), platform="cpu")
+
+
+def _unread(used_outputs, eqn):
+    """:data:`call_p`'s dead-code elimination: the tick's outputs that nothing reads are not saved
+    (none read: ``every`` 0), as the open loop's saved states (``quadjax.native._unsaved``). A
+    fleet under ``simulate``'s default ``SimConfig(save_every=1)`` that reads only ``.final``
+    costs what ``save_every=0`` does (benchmarks/README.md, sixteenth session)."""
+    if not any(used_outputs):
+        return [False] * len(eqn.invars), None
+    read = [bool(u) for u in used_outputs[1:]]
+    if eqn.params["every"] == 0 or all(read):
+        return [True] * len(eqn.invars), eqn
+    params = dict(eqn.params, every=0, kept=None) if not any(read) else dict(eqn.params, kept=tuple(read))
+    avals, _ = call_p.abstract_eval(*[v.aval for v in eqn.invars], **params)
+    outvars = [v if used else jax.extend.core.DropVar(a) for v, used, a in zip(eqn.outvars, used_outputs, avals)]
+    return [True] * len(eqn.invars), eqn.replace(params=params, outvars=outvars)
+
+
+pe.dce_rules[call_p] = _unread
 
 
 def run_ticks(tick, carry0, xs, num_ticks: int, every: int = 0):
