@@ -1271,8 +1271,8 @@ def _unsaved(saved, used_outputs, eqn):
     elif prim is rollout_leaves_p:  # none of the leaves: the packed rows, with no slots
         prim, params = rollout_p, {k: v for k, v in params.items() if k != "leaves"}
     avals, _ = prim.abstract_eval(*[v.aval for v in eqn.invars], **params)
-    outvars = [v if i < len(eqn.outvars) and used_outputs[i] else jax.extend.core.DropVar(a)
-               for i, (v, a) in enumerate(zip(eqn.outvars + [None] * len(avals), avals))]
+    # an unused result is dropped (the packed rows' result stands for the leaves' first)
+    outvars = [v if used else jax.extend.core.DropVar(a) for v, used, a in zip(eqn.outvars, used_outputs, avals)]
     return [True] * len(eqn.invars), eqn.replace(primitive=prim, params=params, outvars=outvars)
 
 
