@@ -932,7 +932,7 @@ def _adjoint_ffi(P, x0, U, Wd, E, ct_final, ct_saved, *held, substeps, save_ever
     batch = _batch((P, x0, U, Wd, E, ct_final, ct_saved), _CORE + (1, 2))
     NS, T, _ = _sizes(x0, U, save_every)
     L = _segment(segment, T, substeps, NS)
-    widths = (T * substeps * NS, -(-T // L) * NS)  # the whole trail, the checkpoints
+    widths = _kept_widths(T, substeps, NS, L)
     kept = held[0] if trail and held[0].shape[:-1] == batch and held[0].shape[-1] in widths else jnp.zeros((0,), U.dtype)
     out = [jax.ShapeDtypeStruct(batch + x.shape[x.ndim - c:], U.dtype) for x, c in zip((P, x0, U, Wd, E), _CORE)]
     if params_fixed:
@@ -952,6 +952,12 @@ TRAIL_BYTES = 64 << 20
 TRAIL_VECTORS = 1 << 16
 
 
+def _kept_widths(T: int, substeps: int, NS: int, L: int) -> tuple:
+    """What jax.grad's forward pass may keep per vehicle: (the whole trail, the checkpoints of
+    segments of ``L`` ticks)."""
+    return T * substeps * NS, -(-T // L) * NS
+
+
 def _segment(segment: int, T: int, substeps: int, NS: int) -> int:
     """Ticks per segment of the reverse sweep: ``segment``, or as many as :data:`TRAIL_VECTORS`
     holds; within [1, T]."""
@@ -965,9 +971,9 @@ def _trail_ffi(P, x0, U, Wd, E, *, substeps, save_every, rotors, segment=0):
     :func:`_unsaved`) changes no other result's shape."""
     batch, (NS, T, slots) = _batch((P, x0, U, Wd, E), _CORE), _sizes(x0, U, save_every)
     L = _segment(segment, T, substeps, NS)
-    width = T * substeps * NS
-    if segment > 0 or math.prod(batch) * width * np.dtype(U.dtype).itemsize > TRAIL_BYTES:
-        width = -(-T // L) * NS
+    whole, checkpoints = _kept_widths(T, substeps, NS, L)
+    within = segment == 0 and math.prod(batch) * whole * np.dtype(U.dtype).itemsize <= TRAIL_BYTES
+    width = whole if within else checkpoints
     call = jax.ffi.ffi_call(_target(U.dtype, rotors, "trail"), [jax.ShapeDtypeStruct(batch + shape, U.dtype)
                                                                 for shape in ((NS,), (slots, NS), (width,))])
     return tuple(call(P, x0, U, Wd, E, substeps=np.int64(substeps), save_every=np.int64(save_every),
@@ -1261,19 +1267,27 @@ def _unsaved(saved, used_outputs, eqn):
     jaxpr (the tangent's saved states unused)."""
     if not any(used_outputs):
         return [False] * len(eqn.invars), None
-    if eqn.params["save_every"] == 0 or all(used_outputs[i] for i in saved):
+    read = tuple(bool(used_outputs[i]) for i in saved)
+    if eqn.params["save_every"] == 0 or all(read):
         return [True] * len(eqn.invars), eqn
-    prim, params = eqn.primitive, dict(eqn.params, save_every=0)
-    if prim is rollout_leaves_p and any(used_outputs[i] for i in saved):
-        params = dict(eqn.params, leaves=tuple(bool(used_outputs[i]) for i in saved))
-    elif any(used_outputs[i] for i in saved):
+    if eqn.primitive is rollout_leaves_p:
+        if any(read):
+            return [True] * len(eqn.invars), rebound(eqn, used_outputs, rollout_leaves_p, dict(eqn.params, leaves=read))
+        # none of the leaves: the packed rows, with no slots (their result stands for the first leaf's)
+        params = {k: v for k, v in eqn.params.items() if k != "leaves"}
+        return [True] * len(eqn.invars), rebound(eqn, used_outputs, rollout_p, dict(params, save_every=0))
+    if any(read):  # packed rows, some read: all saved
         return [True] * len(eqn.invars), eqn
-    elif prim is rollout_leaves_p:  # none of the leaves: the packed rows, with no slots
-        prim, params = rollout_p, {k: v for k, v in params.items() if k != "leaves"}
+    return [True] * len(eqn.invars), rebound(eqn, used_outputs, eqn.primitive, dict(eqn.params, save_every=0))
+
+
+def rebound(eqn, used_outputs, prim, params):
+    """``eqn`` as a binding of ``prim`` with ``params`` on the same inputs, its results that
+    ``used_outputs`` marks unused dropped: what a dead-code elimination rule that saves less returns
+    (:func:`_unsaved`, and the closed loop's in :mod:`quadjax.native.loop`)."""
     avals, _ = prim.abstract_eval(*[v.aval for v in eqn.invars], **params)
-    # an unused result is dropped (the packed rows' result stands for the leaves' first)
     outvars = [v if used else jax.extend.core.DropVar(a) for v, used, a in zip(eqn.outvars, used_outputs, avals)]
-    return [True] * len(eqn.invars), eqn.replace(primitive=prim, params=params, outvars=outvars)
+    return eqn.replace(primitive=prim, params=params, outvars=outvars)
 
 
 for _prim, _saved in ((rollout_p, (1,)), (rollout_leaves_p, range(1, 8)), (trail_p, (1,)), (tangent_p, (1,)),

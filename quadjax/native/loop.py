@@ -234,10 +234,10 @@ def _unread(used_outputs, eqn):
     read = [bool(u) for u in used_outputs[1:]]
     if eqn.params["every"] == 0 or all(read):
         return [True] * len(eqn.invars), eqn
+    from quadjax import native
+
     params = dict(eqn.params, every=0, kept=None) if not any(read) else dict(eqn.params, kept=tuple(read))
-    avals, _ = call_p.abstract_eval(*[v.aval for v in eqn.invars], **params)
-    outvars = [v if used else jax.extend.core.DropVar(a) for v, used, a in zip(eqn.outvars, used_outputs, avals)]
-    return [True] * len(eqn.invars), eqn.replace(params=params, outvars=outvars)
+    return [True] * len(eqn.invars), native.rebound(eqn, used_outputs, call_p, params)
 
 
 pe.dce_rules[call_p] = _unread

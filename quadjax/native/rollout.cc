@@ -629,6 +629,18 @@ inline void HugePages(void* p, size_t bytes) {
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
 }
 
+// Each saved part of n vehicles holds T / save_every slots (the forward kernels' and Trail's);
+// their pages asked for huge (HugePages)
+template <typename F>
+ffi::Error CheckSaved(const Job<F>& job, int64_t n) {
+  const int64_t slots = job.save_every ? job.T / job.save_every : 0;
+  for (const auto& part : job.saved) {
+    if (part.count != n * slots * part.width) return ffi::Error::InvalidArgument("quadjax native: bad saved shape");
+    HugePages(part.out, static_cast<size_t>(part.count) * sizeof(F));
+  }
+  return ffi::Error::Success();
+}
+
 // The open loop: T ticks of `substeps` steps on packed state rows, every save_every-th state kept
 // in `job.saved`'s parts (set by the entry points below).
 template <class K>
@@ -648,11 +660,8 @@ ffi::Error RunRollout(ffi::ThreadPool& pool, Job<typename K::F>& job, Buf<typena
     return ffi::Error::InvalidArgument("quadjax native: bad substeps or save_every");
   job.substeps = substeps;
   job.save_every = save_every;
-  const int64_t n = Count(batch), slots = save_every ? job.T / save_every : 0;
-  for (const auto& part : job.saved) {
-    if (part.count != n * slots * part.width) return ffi::Error::InvalidArgument("quadjax native: bad saved shape");
-    HugePages(part.out, static_cast<size_t>(part.count) * sizeof(F));
-  }
+  const int64_t n = Count(batch);
+  if (ffi::Error e = CheckSaved(job, n); e.failure()) return e;
   if (job.T == 0) {  // no ticks: the final state is the initial one
     for (int64_t v = 0; v < n; ++v)
       std::copy_n(job.state[0].in + job.state[0].b.row(v) * K::N_S, K::N_S, job.state[0].out + v * K::N_S);
@@ -1058,11 +1067,9 @@ ffi::Error Trail(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K
   if (ffi::Error e = PrepareSweep<K>(job, batch, state, params, commands, wind, wrench, substeps, save_every, segment);
       e.failure())
     return e;
-  const int64_t n = Count(batch), slots = save_every ? job.fwd.T / save_every : 0;
-  if (saved->element_count() != n * slots * K::N_S)
-    return ffi::Error::InvalidArgument("quadjax native trail: bad saved shape");
+  const int64_t n = Count(batch);
   job.fwd.saved.push_back({saved->typed_data(), K::N_S, 0, static_cast<int64_t>(saved->element_count())});
-  HugePages(saved->typed_data(), static_cast<size_t>(saved->element_count()) * sizeof(F));
+  if (ffi::Error e = CheckSaved(job.fwd, n); e.failure()) return e;
   const int kind = KeptKind(job, n, trail->element_count());
   if (kind < 0) return ffi::Error::InvalidArgument("quadjax native trail: a result of neither the trail's size nor the checkpoints'");
   job.kept_out = trail->typed_data();
