@@ -492,6 +492,43 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_fleet_sharing_one_params_row_steps_straight_with_the_bits_of_the_general_path(dtype):
+    """The design card's own shape (one params for the fleet, wind and wrench held, each vehicle
+    its own state and commands) takes the step kernel's straight path (whole blocks loaded and
+    stored value by value, the shared rows loaded once per thread); other shapes take the general
+    one. 87 vehicles: whole blocks and a partial one for either lane width. The shared-params scan
+    equals the XLA form, and each vehicle's bits are those it gets with its params given per
+    vehicle (the general path), among the fleet, and alone."""
+    from quadjax.integrators import rk4_step_xla
+
+    N, T = 87, 12
+    p = qj.presets.rp1(dtype)
+    states, u = _fleet(p, N, T, dtype, seed=11, spread=0.3)
+    p = p.replace(wind=jnp.asarray([4.0, -2.5, 0.5], dtype))  # held, and felt through the drag
+    dt = jnp.asarray(1e-3, dtype)
+
+    def fly(step, per_vehicle):
+        def run(p, s, u):
+            ps = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), p)
+            def tick(s, u_t):
+                if per_vehicle:
+                    return jax.vmap(step, in_axes=(0, 0, 0, None))(ps, s, u_t, dt), None
+                return jax.vmap(step, in_axes=(None, 0, 0, None))(p, s, u_t, dt), None
+            return jax.lax.scan(tick, s, jnp.swapaxes(u, 0, 1))[0]
+        return jax.jit(run)
+
+    straight = fly(qj.rk4_step, False)(p, states, u)
+    leaves_close(straight, fly(rk4_step_xla, False)(p, states, u), **TOL[jnp.dtype(dtype).type])
+    leaves_equal(straight, fly(qj.rk4_step, True)(p, states, u))
+    assert not np.allclose(straight.velocity, fly(qj.rk4_step, False)(p.replace(wind=0 * p.wind), states, u).velocity)
+    # each vehicle as it is stepped alone (the half-width kernel of one vehicle's block)
+    alone = jax.jit(lambda s, u: jax.lax.scan(lambda s, u_t: (qj.rk4_step(p, s, u_t, dt), None), s, u)[0])
+    for v in (0, 15, 16, 47, N - 1):
+        one = jax.tree_util.tree_map(lambda x: x[v], states)
+        leaves_equal(jax.tree_util.tree_map(lambda x: x[v], straight), alone(one, u[v]))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_rk4_step_batches_any_way_like_the_xla_form_and_each_vehicle_keeps_its_bits(dtype):
     """The step kernel's own batching (one call, vehicle-minor, its state updated in place):
     vmap over the state only, over the params only (the state shared: nothing updated in

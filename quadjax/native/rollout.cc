@@ -715,6 +715,46 @@ ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<ty
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
 }
 
+// A one-step call (Step) over the batch. Its common form (a user's scan of vmap(rk4_step): every leaf
+// and command row the vehicle's own, params, wind and wrench shared) takes each whole block straight:
+// the state's values one vector load and store each, the command rows one register transposition,
+// the shared rows loaded once per thread. Through RunBlock's general lanes, chunks and series a
+// block cost ~40 % on top of its step at N = 4 096 (a user's scan 1.6x the rollout, benchmarks/README.md,
+// seventeenth session). Other forms, partial blocks and batches within the half-width kernel: Run.
+template <class K>
+void RunStep(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
+  using F = typename K::F;
+  constexpr int W = K::W, NS = K::N_S;
+  bool straight = n >= 2 * W && job.bp.shared && job.bw.shared && job.br.shared && job.bc.same &&
+                  job.c_width == K::N_U && job.tangents == nullptr;
+  const F* in[NS];
+  F* out[NS];
+  for (const auto& seg : job.state) {
+    straight &= seg.b.same && seg.in_row == 1 && seg.out_row == 1 && seg.in_value == n && seg.out_value == n;
+    for (int i = 0; i < seg.width; ++i) {
+      in[seg.offset + i] = seg.in + i * seg.in_value;
+      out[seg.offset + i] = seg.out + i * seg.out_value;
+    }
+  }
+  if (!straight) return Run<K>(pool, job, n);
+  Parallel<Block<K>>(pool, (n + W - 1) / W, n >= (int64_t{1} << 11), 1, [&](Block<K>& B, int64_t b) {
+    const int64_t v0 = b * W;
+    if (v0 + W > n) return RunBlock<K>(B, job, v0, static_cast<int>(n - v0));
+    if (!B.params_ready) {  // RunBlock leaves them loaded too, wind and wrench with them
+      const LaneRows<W> one(LaneRows<W>(v0, W), true);
+      Gather(B.p, job.params, one, K::N_P, K::N_P);
+      Gather(B.wind, job.wind, one, K::N_Wd, K::N_Wd);
+      Gather(B.ext, job.wrench, one, K::N_E, K::N_E);
+      K::prologue(B.p, B.H);
+      B.params_ready = true;
+    }
+    for (int i = 0; i < NS; ++i) B.s[i] = LoadWhole<typename K::V>(in[i] + v0);
+    Gather(B.u, job.commands, LaneRows<W>(v0, W), K::N_U, K::N_U);
+    K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
+    for (int i = 0; i < NS; ++i) StoreWhole(out[i] + v0, B.s[i]);
+  });
+}
+
 // One step (quadjax.rk4_step) on the state's leaves, each (...) or (..., width), vehicle-minor (the
 // batch dims are the minor ones: value i of row r at i * rows + r), the leaves' results too. The
 // command (..., 1, R), params, wind and wrench are rows, as in the rollout: a scan's tick of
@@ -749,7 +789,7 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
   job.substeps = 1;
   job.save_every = 0;
-  Run<K>(pool, job, n);
+  RunStep<K>(pool, job, n);
   return ffi::Error::Success();
 }
 
