@@ -17,7 +17,9 @@ fixed parameters; quadjax is IEEE, per-vehicle parameters). Rows:
 * ``scan(vmap(rk4_step))``: a user's own loop over the library's step (one kernel call per
   step on the CPU), and the same loop over the XLA form of the step; the commands are made (N, T, 4)
   like the rollout's and the loop swaps their axes for ``lax.scan`` (a transposing copy inside the
-  timed call), except in the "commands time-major" row, where they are laid out (T, N, 4) before;
+  timed call), except in the "commands time-major" rows, where they are laid out (T, N, 4) before;
+  the fleet shares one params, except in the "params per vehicle" row (a sweep's shape: every
+  params leaf per vehicle, the masses ±10 %);
 * ``grad`` / ``jvp``: reverse mode (the generated adjoint kernel) and forward mode (the generated
   tangent kernel) of a 1 000-step rollout loss at N = 256, against the native forward of the same
   loss; ``jvp`` with one tangent and with four and eight at once (``jax.vmap`` over the tangents, as
@@ -76,12 +78,15 @@ def worker(case: dict) -> dict:
 
     if kind == "rollout_one_series":
         u = u[0]
-    if kind == "scan_time_major":  # the commands as scan takes them, (T, N, 4), laid out before timing
+    if kind in ("scan_time_major", "scan_params"):  # the commands as scan takes them, (T, N, 4), laid out before timing
         u = jnp.swapaxes(u, 0, 1).copy()
+    # a sweep's shape: every params leaf per vehicle (the wind too), the masses ±10 %
+    swept = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), p)
+    swept = swept.replace(mass=swept.mass * jnp.linspace(0.9, 1.1, N, dtype=jnp.float32))
 
-    def scan_of(step, swap=True):
+    def scan_of(step, swap=True, params=p, params_axis=None):
         def fly(u):
-            tick = lambda s, u_t: (jax.vmap(step, in_axes=(None, 0, 0, None))(p, s, u_t, 1e-3), None)
+            tick = lambda s, u_t: (jax.vmap(step, in_axes=(params_axis, 0, 0, None))(params, s, u_t, 1e-3), None)
             return jax.lax.scan(tick, states, jnp.swapaxes(u, 0, 1) if swap else u)[0]
         return fly
 
@@ -97,6 +102,7 @@ def worker(case: dict) -> dict:
     fn = {"rollout": rollout, "rollout_saved": rollout, "rollout_one_series": rollout_fleet,
           "scan_kernel": scan_of(qj.rk4_step), "scan_xla": scan_of(rk4_step_xla),
           "scan_time_major": scan_of(qj.rk4_step, swap=False),
+          "scan_params": scan_of(qj.rk4_step, swap=False, params=swept, params_axis=0),
           "grad": jax.grad(loss), "grad_xla": jax.grad(loss), "forward": loss, "grad_saved": jax.grad(loss_saved),
           "forward_unused": loss, "grad_unused": jax.grad(loss), "rollout_positions": rollout,
           "jvp": lambda u: jax.jvp(loss, (u,), (direction,)),
@@ -164,6 +170,8 @@ def main():
         "rollout N=1": dict(kind="rollout", N=1, T=20000),
         "scan(vmap(rk4_step)) N=4096, kernel": dict(kind="scan_kernel", N=4096, T=500),
         "scan(vmap(rk4_step)) N=4096, kernel, commands time-major": dict(kind="scan_time_major", N=4096, T=500),
+        "scan(vmap(rk4_step)) N=4096, kernel, commands time-major, params per vehicle": dict(kind="scan_params",
+                                                                                            N=4096, T=500),
         "scan(vmap(rk4_step)) N=4096, XLA form": dict(kind="scan_xla", N=4096, T=200),
         "rollout forward N=256, T=1000 (loss)": dict(kind="forward", N=256, T=1000),
         "grad of it (native adjoint)": dict(kind="grad", N=256, T=1000),

@@ -492,40 +492,55 @@ def test_a_users_scan_of_vmapped_rk4_step_runs_the_kernel_and_equals_xla(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_a_fleet_sharing_one_params_row_steps_straight_with_the_bits_of_the_general_path(dtype):
-    """The design card's own shape (one params for the fleet, wind and wrench held, each vehicle
-    its own state and commands) takes the step kernel's straight path (whole blocks loaded and
-    stored value by value, the shared rows loaded once per thread); other shapes take the general
-    one. 87 vehicles: whole blocks and a partial one for either lane width. The shared-params scan
-    equals the XLA form, and each vehicle's bits are those it gets with its params given per
-    vehicle (the general path), among the fleet, and alone."""
+def test_a_users_scan_steps_straight_with_the_bits_of_the_general_path(dtype):
+    """The step kernel takes the design card's shapes straight (each block's state, params and
+    commands vector by vector; rows shared by the fleet loaded once per thread): one params row for
+    the fleet with a held wind, or params and wind varied per vehicle (a sweep). Other shapes take the
+    general path: here the same 87 vehicles as a 3 x 29 grid whose 29 params rows broadcast over the
+    grid's rows. 87 vehicles: whole blocks and a partial one at either lane width. Each form equals the
+    XLA form, and each vehicle's bits are the same in all of them and alone."""
     from quadjax.integrators import rk4_step_xla
 
     N, T = 87, 12
+    tol = TOL[jnp.dtype(dtype).type]
     p = qj.presets.rp1(dtype)
     states, u = _fleet(p, N, T, dtype, seed=11, spread=0.3)
     p = p.replace(wind=jnp.asarray([4.0, -2.5, 0.5], dtype))  # held, and felt through the drag
     dt = jnp.asarray(1e-3, dtype)
+    rng = np.random.default_rng(4)
+    rows = p.replace(mass=p.mass * jnp.asarray(rng.uniform(0.8, 1.2, 29), dtype),
+                     wind=jnp.asarray(rng.normal(0, 3, (29, 3)), dtype),
+                     inertia=p.inertia * jnp.asarray(rng.uniform(0.8, 1.2, (29, 1, 1)), dtype))
+    axes = jax.tree_util.tree_map(lambda x: 0 if x.shape[:1] == (29,) and x.ndim > 0 else None, rows)
+    swept = jax.tree_util.tree_map(lambda x, a: jnp.tile(x, (3,) + (1,) * (x.ndim - 1)) if a == 0 else x, rows, axes)
 
-    def fly(step, per_vehicle):
-        def run(p, s, u):
-            ps = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), p)
-            def tick(s, u_t):
-                if per_vehicle:
-                    return jax.vmap(step, in_axes=(0, 0, 0, None))(ps, s, u_t, dt), None
-                return jax.vmap(step, in_axes=(None, 0, 0, None))(p, s, u_t, dt), None
-            return jax.lax.scan(tick, s, jnp.swapaxes(u, 0, 1))[0]
-        return jax.jit(run)
+    def scan(step, p_axes):
+        def tick(p, s, u_t):
+            return jax.vmap(step, in_axes=(p_axes, 0, 0, None))(p, s, u_t, dt)
+        return jax.jit(lambda p, s, u: jax.lax.scan(lambda s, u_t: (tick(p, s, u_t), None), s, jnp.swapaxes(u, 0, 1))[0])
 
-    straight = fly(qj.rk4_step, False)(p, states, u)
-    leaves_close(straight, fly(rk4_step_xla, False)(p, states, u), **TOL[jnp.dtype(dtype).type])
-    leaves_equal(straight, fly(qj.rk4_step, True)(p, states, u))
-    assert not np.allclose(straight.velocity, fly(qj.rk4_step, False)(p.replace(wind=0 * p.wind), states, u).velocity)
-    # each vehicle as it is stepped alone (the half-width kernel of one vehicle's block)
-    alone = jax.jit(lambda s, u: jax.lax.scan(lambda s, u_t: (qj.rk4_step(p, s, u_t, dt), None), s, u)[0])
+    def grid(p, s, u):  # the same vehicles as 3 x 29, the params rows broadcast over the 3
+        inner = jax.vmap(qj.rk4_step, in_axes=(axes, 0, 0, None))
+        outer = jax.vmap(inner, in_axes=(None, 0, 0, None))
+        three = lambda x: x.reshape((3, 29) + x.shape[1:])  # noqa: E731
+        out = jax.lax.scan(lambda s, u_t: (outer(p, s, u_t, dt), None), jax.tree_util.tree_map(three, s),
+                           jnp.swapaxes(three(u), 0, 2).swapaxes(1, 2))[0]
+        return jax.tree_util.tree_map(lambda x: x.reshape((N,) + x.shape[2:]), out)
+
+    alone = jax.jit(lambda p, s, u: jax.lax.scan(lambda s, u_t: (qj.rk4_step(p, s, u_t, dt), None), s, u)[0])
+    shared = scan(qj.rk4_step, None)(p, states, u)
+    leaves_close(shared, scan(rk4_step_xla, None)(p, states, u), **tol)
+    assert not np.allclose(shared.velocity, scan(qj.rk4_step, None)(p.replace(wind=0 * p.wind), states, u).velocity)
+    each = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), p)  # per vehicle, all equal
+    leaves_equal(shared, scan(qj.rk4_step, 0)(each, states, u))
+    got = scan(qj.rk4_step, axes)(swept, states, u)
+    leaves_close(got, scan(rk4_step_xla, axes)(swept, states, u), **tol)
+    leaves_equal(got, jax.jit(grid)(rows, states, u))
     for v in (0, 15, 16, 47, N - 1):
         one = jax.tree_util.tree_map(lambda x: x[v], states)
-        leaves_equal(jax.tree_util.tree_map(lambda x: x[v], straight), alone(one, u[v]))
+        leaves_equal(jax.tree_util.tree_map(lambda x: x[v], shared), alone(p, one, u[v]))
+        mine = jax.tree_util.tree_map(lambda x, a: x[v % 29] if a == 0 else x, rows, axes)
+        leaves_equal(jax.tree_util.tree_map(lambda x: x[v], got), alone(mine, one, u[v]))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -1364,9 +1364,9 @@ def _kernel_step(fallback, params, state, command, dt):
 
 @jax.custom_batching.custom_vmap
 def _step_call(P, *args):
-    """The step kernel on the whole batch: the state's leaves (batch..., *leaf shape), vehicle-minor
-    (the batch dims minor, so that XLA keeps a scan's carry in that layout and the kernel reads
-    each block's values as vectors), and the command (batch..., 1, R), row-major (a scan's tick of
+    """The step kernel on the whole batch: the params' rows and the state's leaves (batch..., *leaf
+    shape), vehicle-minor (the batch dims minor, so that XLA keeps a scan's carry in that layout and
+    the kernel reads each block's values as vectors), and the command (batch..., 1, R), row-major (a scan's tick of
     time-major commands as XLA holds it; the kernel transposes each block's), every argument of one rank
     per core shape (batch dims equal or 1). A leaf with the results' shape is updated in place.
     Batched by :func:`_step_call_vmap`, so that a ``vmap`` of it stays one call whose layout is
@@ -1383,7 +1383,7 @@ def _step_call(P, *args):
 
     call = jax.ffi.ffi_call(
         _target(u.dtype, u.shape[-1], "step"), [jax.ShapeDtypeStruct(sh, u.dtype) for sh in shapes],
-        input_layouts=[None] + [minor(x.ndim, c) for x, c in zip(leaves, cores)] + [None, None, None],
+        input_layouts=[minor(P.ndim, 1)] + [minor(x.ndim, c) for x, c in zip(leaves, cores)] + [None, None, None],
         output_layouts=[minor(len(sh), c) for sh, c in zip(shapes, cores)],
         input_output_aliases={1 + l: l for l, x in enumerate(leaves) if x.shape == shapes[l]})
     return list(call(P, *leaves, u, wind, wrench))

@@ -136,6 +136,8 @@ struct Job {
   const F* tangents = nullptr;
   std::vector<SavedPart<F>> saved;
   Broadcast bp, bc, bt, bw, br;
+  // value i of params row r at params[r * p_row + i * p_value]: rows (Prepare's), or vehicle-minor (Step's)
+  int64_t p_row = 0, p_value = 1;
   int64_t T, Tw, Tr, save_every, substeps;
   std::vector<Segment<F>> state;
 };
@@ -150,6 +152,7 @@ struct Block {
   static constexpr int kept = SavedSlots<K::N_S, V>();  // slots of saved states held
   V saved[kept * K::N_S];  // the states to save (SaveSlot), the part at offset o from kept * o
   bool params_ready = false;  // p and H hold a shared parameter row
+  bool shared_ready = false;  // RunStep: the shared ones of p (and H), wind and ext loaded
 };
 
 // Where a block's lanes are in one input or output: lane j's row is row[j], decided once per block
@@ -419,7 +422,7 @@ void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count)
   // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
   // closed-loop tick, are otherwise dominated by this transposition and the prologue)
   const bool reuse = job.bp.shared && B.params_ready;
-  if (!reuse) Gather(B.p, job.params, LaneRows<W>(job.bp, lanes.own), NP, NP);
+  if (!reuse) Gather(B.p, job.params, LaneRows<W>(job.bp, lanes.own), job.p_row, NP, job.p_value);
   for (const auto& seg : job.state)
     Gather(B.s + seg.offset, seg.in, LaneRows<W>(seg.b, lanes.own), seg.in_row, seg.width, seg.in_value);
   if (!reuse) K::prologue(B.p, B.H);
@@ -603,6 +606,7 @@ ffi::Error Prepare(Job<typename K::F>& job, ffi::Span<const int64_t> batch, Buf<
   job.wind = wind.typed_data();
   job.wrench = wrench.typed_data();
   job.bp = Broadcast(batch, params.dimensions(), 1);
+  job.p_row = K::N_P;
   job.bc = Broadcast(batch, commands.dimensions(), 2);
   job.bw = Broadcast(batch, wind.dimensions(), 2);
   job.br = Broadcast(batch, wrench.dimensions(), 2);
@@ -715,18 +719,20 @@ ffi::Error RolloutLeaves(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<ty
   return RunRollout<K>(pool, job, params, state, commands, wind, wrench, final_state, substeps, save_every);
 }
 
-// A one-step call (Step) over the batch. Its common form (a user's scan of vmap(rk4_step): every leaf
-// and command row the vehicle's own, params, wind and wrench shared) takes each whole block straight:
-// the state's values one vector load and store each, the command rows one register transposition,
-// the shared rows loaded once per thread. Through RunBlock's general lanes, chunks and series a
-// block cost ~40 % on top of its step at N = 4 096 (a user's scan 1.6x the rollout, benchmarks/README.md,
+// A one-step call (Step) over the batch. Its common forms (a user's scan of vmap(rk4_step): every state
+// leaf and command row the vehicle's own; params, wind and wrench shared or each the vehicle's own)
+// take each whole block straight: the state's and params' values one vector load each, the state's one
+// store each, the command rows one register transposition, the shared rows loaded once per thread.
+// Through RunBlock's general lanes, chunks and series a block cost ~40 % on top of its step at
+// N = 4 096 (a user's scan 1.6x the rollout; with per-vehicle params as rows, 3x: benchmarks/README.md,
 // seventeenth session). Other forms, partial blocks and batches within the half-width kernel: Run.
 template <class K>
 void RunStep(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
   using F = typename K::F;
   constexpr int W = K::W, NS = K::N_S;
-  bool straight = n >= 2 * W && job.bp.shared && job.bw.shared && job.br.shared && job.bc.same &&
-                  job.c_width == K::N_U && job.tangents == nullptr;
+  const auto own_or_shared = [](const Broadcast& b) { return b.shared || b.same; };
+  bool straight = n >= 2 * W && own_or_shared(job.bp) && own_or_shared(job.bw) && own_or_shared(job.br) &&
+                  job.bc.same && job.c_width == K::N_U && job.tangents == nullptr;
   const F* in[NS];
   F* out[NS];
   for (const auto& seg : job.state) {
@@ -740,26 +746,37 @@ void RunStep(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
   Parallel<Block<K>>(pool, (n + W - 1) / W, n >= (int64_t{1} << 11), 1, [&](Block<K>& B, int64_t b) {
     const int64_t v0 = b * W;
     if (v0 + W > n) return RunBlock<K>(B, job, v0, static_cast<int>(n - v0));
-    if (!B.params_ready) {  // RunBlock leaves them loaded too, wind and wrench with them
-      const LaneRows<W> one(LaneRows<W>(v0, W), true);
-      Gather(B.p, job.params, one, K::N_P, K::N_P);
-      Gather(B.wind, job.wind, one, K::N_Wd, K::N_Wd);
-      Gather(B.ext, job.wrench, one, K::N_E, K::N_E);
-      K::prologue(B.p, B.H);
-      B.params_ready = true;
+    const LaneRows<W> own(v0, W);
+    if (!B.shared_ready) {  // once per thread (a partial block's RunBlock loads the same shared rows)
+      const LaneRows<W> one(own, true);
+      if (job.bw.shared) Gather(B.wind, job.wind, one, K::N_Wd, K::N_Wd);
+      if (job.br.shared) Gather(B.ext, job.wrench, one, K::N_E, K::N_E);
+      if (job.bp.shared) {
+        Gather(B.p, job.params, one, job.p_row, K::N_P, job.p_value);
+        K::prologue(B.p, B.H);
+      }
+      B.shared_ready = true;
     }
+    if (!job.bp.shared) {  // each vehicle its own params (a sweep's): vehicle-minor, a vector load per value
+      Gather(B.p, job.params, own, job.p_row, K::N_P, job.p_value);
+      K::prologue(B.p, B.H);
+    }
+    if (!job.bw.shared) Gather(B.wind, job.wind, own, K::N_Wd, K::N_Wd);
+    if (!job.br.shared) Gather(B.ext, job.wrench, own, K::N_E, K::N_E);
     for (int i = 0; i < NS; ++i) B.s[i] = LoadWhole<typename K::V>(in[i] + v0);
-    Gather(B.u, job.commands, LaneRows<W>(v0, W), K::N_U, K::N_U);
+    Gather(B.u, job.commands, own, K::N_U, K::N_U);
     K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
     for (int i = 0; i < NS; ++i) StoreWhole(out[i] + v0, B.s[i]);
   });
 }
 
 // One step (quadjax.rk4_step) on the state's leaves, each (...) or (..., width), vehicle-minor (the
-// batch dims are the minor ones: value i of row r at i * rows + r), the leaves' results too. The
-// command (..., 1, R), params, wind and wrench are rows, as in the rollout: a scan's tick of
-// time-major commands reaches the kernel as XLA holds it, where a vehicle-minor command cost XLA
-// a transposing copy per tick, on one thread (benchmarks/README.md, 2026-12-05).
+// batch dims are the minor ones: value i of row r at i * rows + r), the leaves' results too, and the
+// params (..., N_P) likewise (a sweep's per-vehicle params one vector load per value, where rows took
+// a transposition per block every tick). The command (..., 1, R), wind and wrench are rows, as in the
+// rollout: a scan's tick of time-major commands reaches the kernel as XLA holds it, where a
+// vehicle-minor command cost XLA a transposing copy per tick, on one thread (benchmarks/README.md,
+// 2026-12-05).
 template <class K>
 ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K::F> s0, Buf<typename K::F> s1,
                 Buf<typename K::F> s2, Buf<typename K::F> s3, Buf<typename K::F> s4, Buf<typename K::F> s5,
@@ -787,6 +804,8 @@ ffi::Error Step(ffi::ThreadPool pool, Buf<typename K::F> params, Buf<typename K:
   }
   if (ffi::Error e = Prepare<K>(job, batch, params, commands, wind, wrench); e.failure()) return e;
   if (job.T != 1) return ffi::Error::InvalidArgument("quadjax native: a step takes one command row");
+  job.p_row = 1;  // the step's params vehicle-minor, as its state
+  job.p_value = Count(params.dimensions()) / K::N_P;
   job.substeps = 1;
   job.save_every = 0;
   RunStep<K>(pool, job, n);
