@@ -511,7 +511,7 @@ def test_a_users_scan_steps_straight_with_the_bits_of_the_general_path(dtype):
     rows = p.replace(mass=p.mass * jnp.asarray(rng.uniform(0.8, 1.2, 29), dtype),
                      wind=jnp.asarray(rng.normal(0, 3, (29, 3)), dtype),
                      inertia=p.inertia * jnp.asarray(rng.uniform(0.8, 1.2, (29, 1, 1)), dtype))
-    axes = jax.tree_util.tree_map(lambda x: 0 if x.shape[:1] == (29,) and x.ndim > 0 else None, rows)
+    axes = jax.tree_util.tree_map(lambda x: 0 if x.shape[:1] == (29,) else None, rows)
     swept = jax.tree_util.tree_map(lambda x, a: jnp.tile(x, (3,) + (1,) * (x.ndim - 1)) if a == 0 else x, rows, axes)
 
     def scan(step, p_axes):

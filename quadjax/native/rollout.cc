@@ -151,8 +151,8 @@ struct Block {
   V staged[kChunk][R];  // the next commands, lane-major
   static constexpr int kept = SavedSlots<K::N_S, V>();  // slots of saved states held
   V saved[kept * K::N_S];  // the states to save (SaveSlot), the part at offset o from kept * o
-  bool params_ready = false;  // p and H hold a shared parameter row
-  bool shared_ready = false;  // RunStep: the shared ones of p (and H), wind and ext loaded
+  bool params_ready = false;  // p and H hold a shared parameter row (LoadParams)
+  bool series_ready = false;  // RunStep: wind and ext hold the call's shared rows
 };
 
 // Where a block's lanes are in one input or output: lane j's row is row[j], decided once per block
@@ -413,20 +413,25 @@ void LoadSeries(const Job<typename K::F>& job, const Lanes<W>& lanes, int64_t t,
   if (first || job.Tr > 1) Gather(ext, job.wrench + (job.Tr > 1 ? t : 0) * K::N_E, lanes.r, job.Tr * K::N_E, K::N_E);
 }
 
+// The block's params and what the prologue derives from them. A shared row stays loaded from the
+// thread's previous block (short calls, e.g. one closed-loop tick or a user's scan tick, are
+// otherwise dominated by this transposition and the prologue).
+template <class K, int W>
+void LoadParams(Block<K>& B, const Job<typename K::F>& job, const LaneRows<W>& own) {
+  if (job.bp.shared && B.params_ready) return;
+  Gather(B.p, job.params, LaneRows<W>(job.bp, own), job.p_row, K::N_P, job.p_value);
+  K::prologue(B.p, B.H);
+  B.params_ready = job.bp.shared;
+}
+
 // Run vehicles [v0, v0 + count) (count <= W) through the whole horizon.
 template <class K>
 void RunBlock(Block<K>& B, const Job<typename K::F>& job, int64_t v0, int count) {
-  using F = typename K::F;
-  constexpr int W = K::W, R = Block<K>::R, NP = K::N_P;
+  constexpr int W = K::W, R = Block<K>::R;
   const Lanes<W> lanes(job, v0, count);
-  // shared parameters stay loaded from the thread's previous block (short calls, e.g. one
-  // closed-loop tick, are otherwise dominated by this transposition and the prologue)
-  const bool reuse = job.bp.shared && B.params_ready;
-  if (!reuse) Gather(B.p, job.params, LaneRows<W>(job.bp, lanes.own), job.p_row, NP, job.p_value);
+  LoadParams(B, job, lanes.own);
   for (const auto& seg : job.state)
     Gather(B.s + seg.offset, seg.in, LaneRows<W>(seg.b, lanes.own), seg.in_row, seg.width, seg.in_value);
-  if (!reuse) K::prologue(B.p, B.H);
-  B.params_ready = job.bp.shared;
   const int64_t T = job.T;
   for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
     const int len = static_cast<int>(std::min<int64_t>(kChunk, T - t0));
@@ -747,19 +752,12 @@ void RunStep(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
     const int64_t v0 = b * W;
     if (v0 + W > n) return RunBlock<K>(B, job, v0, static_cast<int>(n - v0));
     const LaneRows<W> own(v0, W);
-    if (!B.shared_ready) {  // once per thread (a partial block's RunBlock loads the same shared rows)
+    LoadParams(B, job, own);  // a sweep's per-vehicle params: vehicle-minor, a vector load per value
+    if (!B.series_ready) {  // a held wind and wrench: once per thread (RunBlock loads the same rows)
       const LaneRows<W> one(own, true);
       if (job.bw.shared) Gather(B.wind, job.wind, one, K::N_Wd, K::N_Wd);
       if (job.br.shared) Gather(B.ext, job.wrench, one, K::N_E, K::N_E);
-      if (job.bp.shared) {
-        Gather(B.p, job.params, one, job.p_row, K::N_P, job.p_value);
-        K::prologue(B.p, B.H);
-      }
-      B.shared_ready = true;
-    }
-    if (!job.bp.shared) {  // each vehicle its own params (a sweep's): vehicle-minor, a vector load per value
-      Gather(B.p, job.params, own, job.p_row, K::N_P, job.p_value);
-      K::prologue(B.p, B.H);
+      B.series_ready = true;
     }
     if (!job.bw.shared) Gather(B.wind, job.wind, own, K::N_Wd, K::N_Wd);
     if (!job.br.shared) Gather(B.ext, job.wrench, own, K::N_E, K::N_E);
@@ -913,7 +911,7 @@ void AdjointRun(AdjointBlock<K, A>& B, const AdjointJob<typename K::F>& job, int
   const int64_t T = f.T, sub = f.substeps, slots = f.save_every ? T / f.save_every : 0;
   const Lanes<W> lanes(f, v0, count);
   const auto& seg0 = f.state[0];
-  Gather(B.p, f.params, LaneRows<W>(f.bp, lanes.own), NP, NP);
+  Gather(B.p, f.params, LaneRows<W>(f.bp, lanes.own), f.p_row, NP, f.p_value);
   Gather(B.s, seg0.in, LaneRows<W>(seg0.b, lanes.own), NS, NS);
   K::prologue(B.p, B.H);
   if (!job.kept_out) A::prologue(B.p, B.HA);
