@@ -18,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from quadjax.params import QuadParams
@@ -197,28 +196,47 @@ def _gate_jvp(term, off, coefficients, primals, tangents):
     function of everything else (its coefficient at its off value makes it so), so their
     derivatives are off's: an effect off then costs the derivative kernels a test, not its
     arithmetic (the tangent step 30 % less, the adjoint step 13 %: benchmarks/README.md)."""
-    on, args, d_args = primals[0], primals[1:], tuple(_instantiated(t) for t in tangents[1:])
+    on, args, d_args = primals[0], primals[1:], tangents[1:]
     d_coefficients = [getattr(tangents[1], name) for name in coefficients] if coefficients else tangents[1]
     zero = jax.tree_util.tree_leaves(d_coefficients, is_leaf=lambda t: isinstance(t, SymbolicZero))
     if not _GATED_TANGENTS.get() or jnp.ndim(on) or not all(isinstance(t, SymbolicZero) for t in zero):
-        return jax.jvp(term, args, d_args)
+        return _jvp(term, args, d_args)
     shapes = jax.eval_shape(term, *args)
     # the values by their own gate, and the tangents by a second that returns tangents alone: a cond
     # that returned both would put the values in the linear part of a linearisation (jax.grad), and
     # everything computed from them after it
-    tangent = jax.lax.cond(on, lambda a, d: jax.jvp(term, a, d)[1], lambda a, d: _off_jvp(off, shapes, a, d)[1],
-                           args, d_args)
+    moving, d_moving = _moving(d_args)
+    tangent = jax.lax.cond(on, lambda a, d: _jvp_of(term, a, moving, d)[1],
+                           lambda a, d: _jvp_of(lambda *x: _off_values(off, shapes, x), a, moving, d)[1],
+                           args, d_moving)
     return _gate(term, off, coefficients, on, *args), tangent
 
 
-def _off_jvp(off, shapes, args, d_args):
-    return jax.jvp(lambda *a: _off_values(off, shapes, a), args, d_args)
+def _jvp(fn, args, d_args):
+    """``jax.jvp(fn, args, d_args)`` where ``d_args`` may hold symbolic zeros (a custom_jvp rule's
+    tangents): their leaves are held as constants, not differentiated. Instantiated as arrays of
+    zeros instead, every term of the parameters' tangent was computed as zero times a value (the
+    generated tangent step with the parameters fixed multiplied by zero 77 times a step, and carried
+    the products in its sums: benchmarks/README.md, 2026-12-07)."""
+    return _jvp_of(fn, args, *_moving(d_args))
 
 
-def _instantiated(tangent):
-    """A custom_jvp rule's tangent with its symbolic zeros as arrays."""
-    def one(t):
-        if not isinstance(t, SymbolicZero):
-            return t
-        return np.zeros(t.shape, t.dtype) if t.dtype == jax.dtypes.float0 else jnp.zeros(t.shape, t.dtype)
-    return jax.tree_util.tree_map(one, tangent, is_leaf=lambda t: isinstance(t, SymbolicZero))
+def _moving(d_args) -> tuple:
+    """(the indices of the leaves whose tangents are not symbolic zeros, those tangents)."""
+    d_leaves = jax.tree_util.tree_leaves(d_args, is_leaf=lambda t: isinstance(t, SymbolicZero))
+    moving = tuple(i for i, t in enumerate(d_leaves) if not isinstance(t, SymbolicZero))
+    return moving, [d_leaves[i] for i in moving]
+
+
+def _jvp_of(fn, args, moving, d_moving):
+    """``jax.jvp`` of ``fn(*args)`` along ``d_moving``, the tangents of the leaves ``moving``; the
+    other leaves of ``args`` held."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+
+    def of_moving(*xs):
+        held = list(leaves)
+        for i, x in zip(moving, xs):
+            held[i] = x
+        return fn(*jax.tree_util.tree_unflatten(tree, held))
+
+    return jax.jvp(of_moving, [leaves[i] for i in moving], list(d_moving))

@@ -354,3 +354,33 @@ def test_gated_tangents_equal_the_full_ones_with_each_effect_on_or_off():
                 np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12 * (1 + float(jnp.max(jnp.abs(y)))))
         ons.append(float(p.k_inflow) != 0)
     assert any(ons) and not all(ons)  # the fleet has the effect both ways
+
+
+def test_the_tangent_step_with_the_parameters_fixed_multiplies_nothing_by_zero():
+    """A gate's jvp holds the arguments whose tangents are symbolic zeros (the parameters, fixed)
+    instead of differentiating arrays of zeros: the generated tangent step then computes no term of
+    the parameters' tangent as zero times a value (it had 77 such products a step, and the sums that
+    carried them). A step with a tangent made of zeros has them: the test sees them where they are.
+    That the tangents are right is the native suites' and the gated test's above."""
+    import functools
+    import re
+
+    from quadjax import native
+    from quadjax.native import generate
+
+    ex = native.step_example(4, np.dtype(np.float32))
+    pushed = {n: v if n == "P" else (v, v) for n, v in ex.items()}
+
+    def products_by_zero(step) -> list:
+        source = generate.generate_kernel(step, pushed, carry="S", invariant=("P",), namespace="t", lanes=16,
+                                          reciprocals=True).source
+        body = source.split("static inline void step(", 1)[1]  # the prologue's hoisted products are the values'
+        zero = r"\(\(-?0x0\.0p\+0f\) - V\{\}\)"
+        return re.findall(rf"{zero} \*|\* {zero}|qj_vf\w+\({zero}|qj_vf\w+\([^,()]+, {zero}", body)
+
+    def windless(P, S, U, Wd, E):  # the wind's tangent an array of zeros
+        return jax.jvp(functools.partial(native.kernel_step, P), (S[0], U[0], Wd[0], E[0]),
+                       (S[1], U[1], jnp.zeros_like(Wd[0]), E[1]))
+
+    assert products_by_zero(windless)
+    assert products_by_zero(native.tangent_step_fixed) == []
