@@ -8,6 +8,8 @@ step, its ``jax.jvp`` with one and with ``TANGENTS`` tangents, its ``jax.vjp``; 
 without the parameters' terms), compiled with the kernel's flags into one driver, and timed over
 ``--ticks`` steps of one block of W vehicles in vector lanes (RP-1 at hover, commands 1.01x
 hover), fastest of ``--repeats``; one thread. Ratios are to the forward step of the same run.
+Beside each time, the multiplies and fused multiply-adds in the step's compiled code (one block,
+``objdump``): a count that does not vary from run to run, as a timing on a shared host does.
 
 The reverse sweep's floor follows from two rows: ``jax.grad`` of a rollout runs a forward pass
 that keeps the trail of states for the sweep ("forward, keeping the trail"; within
@@ -209,13 +211,14 @@ def split_adjoint(source: str, namespace: str, name: str) -> tuple[str, int]:
 
 
 def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[str, dict]:
-    """The driver's C++ (every struct, then the rows to time) and the split adjoints' residuals per step."""
+    """The driver's C++ (every struct, then the rows to time), the split adjoints' residuals per step
+    and the struct each row's step is (its namespace)."""
     dtype = np.dtype(dtype)
     lanes, ex = native.VECTOR_BYTES // dtype.itemsize, native.step_example(4, dtype)
     inputs = {"P": ex["P"], "X": ex["S"], "U": ex["U"], "Wd": ex["Wd"], "E": ex["E"]}
     structs = [generate.generate_kernel(native.kernel_step, ex, carry="S", invariant=("P",), namespace="fwd",
                                         lanes=lanes).source]
-    rows, residuals = [], {}
+    rows, residuals, structs_of = [], {}, {"forward": "fwd"}
     for suffix, with_params in (("", True), ("_fixed", False)):
         what = "with the parameters' terms" if with_params else "parameters fixed"
         for k in tangents:
@@ -225,6 +228,7 @@ def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[
             structs.append(generate.generate_kernel(step, tuples, carry="S", invariant=("P",), namespace=ns,
                                                     lanes=lanes, reciprocals=True).source)
             rows.append((f"tangent step, {k} tangent{'s' * (k > 1)}, {what}", f"carry<{ns}>()"))
+            structs_of[rows[-1][0]] = ns
         held = [v for n, v in inputs.items() if n != "X" and (with_params or n != "P")]
         step = native.adjoint_step if with_params else native.adjoint_step_fixed
         adj = generate.generate_kernel(step, dict(inputs, C=(ex["S"], *held)), carry="C", invariant=("P",),
@@ -232,6 +236,7 @@ def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[
         cut, residuals[f"residuals per step, {what}"] = split_adjoint(adj, f"adj{suffix}", f"cut{suffix}")
         structs += [adj, cut]
         rows.append((f"adjoint step, {what}", f"adjoint<fwd, adj{suffix}>(kept)"))
+        structs_of[rows[-1][0]] = f"adj{suffix}"
         rows += [(f"split adjoint, {what}, segments of {n} ticks", f"split<fwd, adj{suffix}, cut{suffix}>(kept, {n})")
                  for n in segments]
     # the tangent structs' primal leaves come first: fill() gives them the primal's values
@@ -239,7 +244,31 @@ def build(dtype, segments=(8, 32, 128), tangents=(1, native.TANGENTS)) -> tuple[
     printed = "\n".join(f'  std::printf(", \\"{label}\\": %.4f", {call});' for label, call in rows)
     text = "\n".join([generate.VECTOR_PRELUDE, f"using F = {'float' if dtype == np.float32 else 'double'};",
                       *structs, sizes, DRIVER % {**_values(dtype), "rows": printed}])
-    return text, residuals
+    return text, residuals, structs_of
+
+
+def multiplies(exe: Path, structs: dict) -> dict:
+    """Per row: the vector multiplies and fused multiply-adds in its struct's compiled ``step``, one
+    block of W vehicles (``objdump``; None where the compiler inlined the step or there is no
+    objdump). A count, not a timing: it does not vary from run to run. On this project's AMD EPYC
+    host the forward step and the tangent steps with the parameters fixed ran at about one such
+    instruction per cycle, so their ratios to the forward's are the floor their arithmetic sets
+    under ``jvp`` (benchmarks/README.md, 2026-12-07)."""
+    try:
+        listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], check=True,
+                                 capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {label: None for label in structs}
+    counts, name = {}, None
+    for line in listing.splitlines():
+        head = re.match(r"[0-9a-f]+ <(\S+)>:$", line)
+        if head:
+            name = head.group(1)
+        elif name and re.match(r"\s+[0-9a-f]+:\s+v(f(n)?m(add|sub)\d+|mul)[sp][sd]\b", line):
+            counts[name] = counts.get(name, 0) + 1
+    def of(ns):
+        return next((n for sym, n in counts.items() if sym.startswith(f"_ZN{len(ns)}{ns}4stepE")), None)
+    return {label: of(ns) for label, ns in structs.items()}
 
 
 def main() -> None:
@@ -254,7 +283,7 @@ def main() -> None:
     cxx = native.compiler()
     if cxx is None:
         raise SystemExit("no C++ compiler: the generated steps cannot be built")
-    text, residuals = build(args.dtype, tangents=tuple(int(k) for k in args.tangents.split(",")))
+    text, residuals, structs = build(args.dtype, tangents=tuple(int(k) for k in args.tangents.split(",")))
     with tempfile.TemporaryDirectory(prefix="quadjax-steps-") as tmp:
         cc, exe = Path(tmp) / "steps.cc", Path(tmp) / "steps"
         cc.write_text(text)
@@ -262,20 +291,24 @@ def main() -> None:
         subprocess.run([cxx, *flags, "-o", str(exe), str(cc)], check=True)
         ns = json.loads(subprocess.run([str(exe), str(args.ticks), str(args.repeats)], check=True,
                                        capture_output=True, text=True).stdout)
+        muls = multiplies(exe, structs)
     # the cut computes the adjoint step's own statements: it must end with the same cotangents, bit for bit
     if ns.pop("split error") != 0:
         raise SystemExit("the split adjoint's cotangents differ from the adjoint step's: the cut is wrong")
     forward = ns["forward"]
     lanes = native.VECTOR_BYTES // np.dtype(args.dtype).itemsize
     print(f"{args.dtype}, {lanes} lanes, {args.ticks} ticks, fastest of {args.repeats}, one thread")
-    print(f"{'step':<72} {'ns/vehicle-step':>16} {'x forward':>10}")
+    print(f"{'step':<72} {'ns/vehicle-step':>16} {'x forward':>10} {'multiplies':>11} {'x forward':>10}")
     for label, v in ns.items():
-        print(f"{label:<72} {v:>16.2f} {v / forward:>10.2f}")
+        m, m0 = muls.get(label), muls.get("forward")
+        count = f"{m:>11} {m / m0:>10.2f}" if m and m0 else ""
+        print(f"{label:<72} {v:>16.2f} {v / forward:>10.2f} {count}")
     for label, v in residuals.items():
         print(f"{label}: {v}")
     OUT.mkdir(exist_ok=True)
     (OUT / "generated_steps.json").write_text(json.dumps({"dtype": args.dtype, "ticks": args.ticks,
-                                                          "repeats": args.repeats, "lanes": lanes, **residuals, "ns": ns}, indent=1))
+                                                          "repeats": args.repeats, "lanes": lanes, **residuals, "ns": ns,
+                                                          "multiplies": muls}, indent=1))
 
 
 if __name__ == "__main__":
