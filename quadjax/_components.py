@@ -199,30 +199,25 @@ def _gate_jvp(term, off, coefficients, primals, tangents):
     on, args, d_args = primals[0], primals[1:], tangents[1:]
     d_coefficients = [getattr(tangents[1], name) for name in coefficients] if coefficients else tangents[1]
     zero = jax.tree_util.tree_leaves(d_coefficients, is_leaf=lambda t: isinstance(t, SymbolicZero))
+    moving, d_moving = _moving(d_args)
     if not _GATED_TANGENTS.get() or jnp.ndim(on) or not all(isinstance(t, SymbolicZero) for t in zero):
-        return _jvp(term, args, d_args)
+        return _jvp_of(term, args, moving, d_moving)
     shapes = jax.eval_shape(term, *args)
     # the values by their own gate, and the tangents by a second that returns tangents alone: a cond
     # that returned both would put the values in the linear part of a linearisation (jax.grad), and
     # everything computed from them after it
-    moving, d_moving = _moving(d_args)
     tangent = jax.lax.cond(on, lambda a, d: _jvp_of(term, a, moving, d)[1],
                            lambda a, d: _jvp_of(lambda *x: _off_values(off, shapes, x), a, moving, d)[1],
                            args, d_moving)
     return _gate(term, off, coefficients, on, *args), tangent
 
 
-def _jvp(fn, args, d_args):
-    """``jax.jvp(fn, args, d_args)`` where ``d_args`` may hold symbolic zeros (a custom_jvp rule's
-    tangents): their leaves are held as constants, not differentiated. Instantiated as arrays of
-    zeros instead, every term of the parameters' tangent was computed as zero times a value (the
-    generated tangent step with the parameters fixed multiplied by zero 77 times a step, and carried
-    the products in its sums: benchmarks/README.md, 2026-12-07)."""
-    return _jvp_of(fn, args, *_moving(d_args))
-
-
 def _moving(d_args) -> tuple:
-    """(the indices of the leaves whose tangents are not symbolic zeros, those tangents)."""
+    """(the indices of the leaves of ``d_args``, a custom_jvp rule's tangents, that are not symbolic
+    zeros; those tangents). The rest are held as constants by :func:`_jvp_of`, not differentiated as
+    arrays of zeros: so instantiated, every term of the parameters' tangent was computed as zero times
+    a value (the generated tangent step with the parameters fixed multiplied by zero 77 times a step,
+    and carried the products in its sums: benchmarks/README.md, 2026-12-07)."""
     d_leaves = jax.tree_util.tree_leaves(d_args, is_leaf=lambda t: isinstance(t, SymbolicZero))
     moving = tuple(i for i, t in enumerate(d_leaves) if not isinstance(t, SymbolicZero))
     return moving, [d_leaves[i] for i in moving]

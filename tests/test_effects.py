@@ -5,6 +5,9 @@ Kernel == XLA with every effect on is the property test over ``varied_fleet`` (t
 test_generate, test_gpu), which draws every QuadParams leaf per vehicle, these included.
 """
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -362,9 +365,6 @@ def test_the_tangent_step_with_the_parameters_fixed_multiplies_nothing_by_zero()
     the parameters' tangent as zero times a value (it had 77 such products a step, and the sums that
     carried them). A step with a tangent made of zeros has them: the test sees them where they are.
     That the tangents are right is the native suites' and the gated test's above."""
-    import functools
-    import re
-
     from quadjax import native
     from quadjax.native import generate
 

@@ -152,7 +152,7 @@ struct Block {
   static constexpr int kept = SavedSlots<K::N_S, V>();  // slots of saved states held
   V saved[kept * K::N_S];  // the states to save (SaveSlot), the part at offset o from kept * o
   bool params_ready = false;  // p and H hold a shared parameter row (LoadParams)
-  bool series_ready = false;  // RunStep: wind and ext hold the call's shared rows
+  bool series_ready = false;  // RunStep: wind and ext hold the fleet's shared rows
 };
 
 // Where a block's lanes are in one input or output: lane j's row is row[j], decided once per block
@@ -753,14 +753,13 @@ void RunStep(ffi::ThreadPool& pool, const Job<typename K::F>& job, int64_t n) {
     if (v0 + W > n) return RunBlock<K>(B, job, v0, static_cast<int>(n - v0));
     const LaneRows<W> own(v0, W);
     LoadParams(B, job, own);  // a sweep's per-vehicle params: vehicle-minor, a vector load per value
-    if (!B.series_ready) {  // a held wind and wrench: once per thread (RunBlock loads the same rows)
-      const LaneRows<W> one(own, true);
-      if (job.bw.shared) Gather(B.wind, job.wind, one, K::N_Wd, K::N_Wd);
-      if (job.br.shared) Gather(B.ext, job.wrench, one, K::N_E, K::N_E);
-      B.series_ready = true;
+    // the held wind and wrench, as LoadParams the params: rows the fleet shares stay loaded from the
+    // thread's previous block (a partial block's RunBlock loads the same rows)
+    if (!B.series_ready) {
+      Gather(B.wind, job.wind, LaneRows<W>(job.bw, own), K::N_Wd, K::N_Wd);
+      Gather(B.ext, job.wrench, LaneRows<W>(job.br, own), K::N_E, K::N_E);
+      B.series_ready = job.bw.shared && job.br.shared;
     }
-    if (!job.bw.shared) Gather(B.wind, job.wind, own, K::N_Wd, K::N_Wd);
-    if (!job.br.shared) Gather(B.ext, job.wrench, own, K::N_E, K::N_E);
     for (int i = 0; i < NS; ++i) B.s[i] = LoadWhole<typename K::V>(in[i] + v0);
     Gather(B.u, job.commands, own, K::N_U, K::N_U);
     K::step(B.H, B.p, B.s, B.u, B.wind, B.ext);
